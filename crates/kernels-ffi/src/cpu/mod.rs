@@ -1,0 +1,10 @@
+//! The CPU reference backend: plain Rust over host slices, math in f32.
+//!
+//! These functions are the numerical specification. The CUDA kernels are checked against them,
+//! and the CPU model calls them directly.
+
+mod norm;
+mod rope;
+
+pub use norm::{rms_norm, rms_norm_row};
+pub use rope::{rope, rope_row};

@@ -1,0 +1,85 @@
+//! One GPU: its primary context, default stream and the kernel functions loaded so far.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::libraries;
+use crate::embedded;
+use crate::error::FfiError;
+use crate::Result;
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl CudaBackend {
+    pub fn new(ordinal: usize) -> Result<Arc<Self>> {
+        libraries::require_driver()?;
+        let count = CudaContext::device_count()? as usize;
+        if ordinal >= count {
+            return Err(FfiError::NoSuchDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.default_stream();
+        Ok(Arc::new(CudaBackend {
+            ctx,
+            stream,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn default_stream(&self) -> Arc<CudaStream> {
+        self.stream.clone()
+    }
+
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        Ok(self.ctx.new_stream()?)
+    }
+
+    /// The entry point `name` of kernel module `module` (the `.cu` file stem), loaded on first use.
+    pub fn function(&self, module: &'static str, name: &str) -> Result<CudaFunction> {
+        let key = format!("{module}::{name}");
+        if let Some(f) = lock(&self.functions).get(&key) {
+            return Ok(f.clone());
+        }
+        let m = {
+            let mut modules = lock(&self.modules);
+            match modules.get(module) {
+                Some(m) => m.clone(),
+                None => {
+                    let image =
+                        embedded::module(module).ok_or_else(|| FfiError::KernelsNotEmbedded {
+                            module: module.to_string(),
+                        })?;
+                    let m = self.ctx.load_module(Ptx::from_binary(image.to_vec()))?;
+                    modules.insert(module, m.clone());
+                    m
+                }
+            }
+        };
+        let f = m.load_function(name)?;
+        lock(&self.functions).insert(key, f.clone());
+        Ok(f)
+    }
+}
+
+/// A poisoned lock only means another thread panicked while inserting into a cache; the map is
+/// still consistent, so keep using it.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,9 @@
+//! The CUDA backend: a context per GPU, kernel modules loaded lazily from the embedded fatbins,
+//! launches through cudarc, and the run-time CUDA libraries checked before use (cudarc panics on a
+//! missing library; we turn that into [`crate::FfiError::LibraryMissing`]).
+
+mod backend;
+pub(crate) mod launch;
+pub(crate) mod libraries;
+
+pub use backend::CudaBackend;

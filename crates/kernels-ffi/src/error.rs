@@ -1,0 +1,52 @@
+//! The crate's error type: every failure a caller can act on, named.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum FfiError {
+    #[error("this binary was built without the CUDA backend (build with `cargo xtask build --accelerator nvidia`)")]
+    CudaNotBuilt,
+    #[error("kernel module `{module}` is not embedded in this binary (run `cargo xtask kernels` before building with --features cuda)")]
+    KernelsNotEmbedded { module: String },
+    #[error("CUDA library {library} could not be loaded: {hint}")]
+    LibraryMissing {
+        library: &'static str,
+        hint: &'static str,
+    },
+    #[error("no CUDA device with ordinal {ordinal} (found {count})")]
+    NoSuchDevice { ordinal: usize, count: usize },
+    #[error("CUDA driver error: {0}")]
+    Driver(String),
+    #[error("{op}: invalid `{field}`: {detail}")]
+    Shape {
+        op: &'static str,
+        field: &'static str,
+        detail: String,
+    },
+    #[error("{op}: `{field}` lives on {found}, but the stream runs on {expected}")]
+    DeviceMismatch {
+        op: &'static str,
+        field: &'static str,
+        expected: String,
+        found: String,
+    },
+    #[error("unknown device `{0}` (expected cpu, cuda or cuda:N)")]
+    UnknownDevice(String),
+}
+
+impl FfiError {
+    pub(crate) fn shape(op: &'static str, field: &'static str, detail: impl Into<String>) -> Self {
+        FfiError::Shape {
+            op,
+            field,
+            detail: detail.into(),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<cudarc::driver::DriverError> for FfiError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        FfiError::Driver(format!("{e:?}"))
+    }
+}

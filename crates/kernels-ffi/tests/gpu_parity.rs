@@ -1,0 +1,200 @@
+//! RMSNorm and RoPE on the CUDA backend against the CPU reference, on fresh random inputs every
+//! run (the seed is printed; `DEEPINFER_TEST_SEED` reproduces a run). Skipped, with a message,
+//! where there is no GPU; run on the H200 from the GPU bundle (`cargo xtask gpu-bundle`).
+//!
+//! Tolerances, from the arithmetic (relative error ‖gpu − cpu‖ / ‖cpu‖):
+//! * f32 RMSNorm: the sum of squares is reduced in a different order (warp tree vs 8 lanes) and
+//!   rsqrtf is within 2 ulp: both ~1e-7 relative; 2e-6 leaves room for long rows.
+//! * f32 RoPE: the angle is the same f32 product on both sides; sincosf is within 2 ulp of the
+//!   correctly rounded sin/cos the CPU uses, so ~4e-7 relative; 2e-6.
+//! * bf16 (either op): both sides compute in f32 and round once to bf16; a round-to-nearest
+//!   differs by at most 1 bf16 ulp (2^-8 relative) where the f32 values straddle a rounding
+//!   boundary, and such elements are rare, so the norm-wise error stays far below 2^-8; 4e-3.
+
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
+use deepinfer_kernels_ffi::{
+    ops, Device, Element, RmsNormParams, RopeConfig, RopeParams, Stream, Yarn,
+};
+use half::bf16;
+
+const F32_TOL: f64 = 2e-6;
+const BF16_TOL: f64 = 4e-3;
+
+fn to<T: Element>(v: &[f32]) -> Vec<T> {
+    v.iter().map(|x| T::from_f32(*x)).collect()
+}
+
+fn from<T: Element>(v: &[T]) -> Vec<f32> {
+    v.iter().map(|x| x.to_f32()).collect()
+}
+
+/// Run RMSNorm on `stream`; output buffer poisoned with NaN first.
+fn rms_on<T: Element>(s: &Stream, x: &[T], w: &[T], p: &RmsNormParams) -> Vec<T> {
+    let xb = s.upload(x).unwrap();
+    let wb = s.upload(w).unwrap();
+    let mut out = s.upload(&to::<T>(&vec![f32::NAN; x.len()])).unwrap();
+    ops::rms_norm(s, &xb, &wb, &mut out, p).unwrap();
+    s.download(&out).unwrap()
+}
+
+fn check_rms<T: Element>(
+    gpu: &Stream,
+    rng: &mut SplitMix,
+    rows: u32,
+    dim: u32,
+    stride: u32,
+    tol: f64,
+) {
+    let n = if rows == 0 {
+        0
+    } else {
+        (rows as usize - 1) * stride as usize + dim as usize
+    };
+    let x: Vec<T> = to(&rng.vec(n).iter().map(|v| v * 3.0).collect::<Vec<_>>());
+    let w: Vec<T> = to(&rng
+        .vec(dim as usize)
+        .iter()
+        .map(|v| 1.0 + 0.1 * v)
+        .collect::<Vec<_>>());
+    let p = RmsNormParams {
+        rows,
+        dim,
+        row_stride: stride,
+        eps: 1e-6,
+    };
+    let cpu = from(&rms_on(&Device::cpu().default_stream(), &x, &w, &p));
+    let got = from(&rms_on(gpu, &x, &w, &p));
+    // Compare the rows; the gaps between rows must still hold the NaN poison on both sides.
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for r in 0..rows as usize {
+        let s = r * stride as usize;
+        a.extend_from_slice(&got[s..s + dim as usize]);
+        b.extend_from_slice(&cpu[s..s + dim as usize]);
+        if r + 1 < rows as usize {
+            assert!(
+                got[s + dim as usize..s + stride as usize]
+                    .iter()
+                    .all(|v| v.is_nan()),
+                "kernel wrote between rows"
+            );
+        }
+    }
+    let (rel, max) = rel_err(&a, &b);
+    println!("parity rms_norm {:?} rows={rows} dim={dim} stride={stride}: rel_err={rel:.3e} max_abs={max:.3e} (tol {tol:.0e})", T::DTYPE);
+    assert!(
+        rel < tol,
+        "rms_norm {:?} rows={rows} dim={dim}: rel_err {rel:e} >= {tol:e}",
+        T::DTYPE
+    );
+}
+
+fn rope_on<T: Element>(s: &Stream, x: &[T], pos: &[i32], freq: &[f32], p: &RopeParams) -> Vec<T> {
+    let mut xb = s.upload(x).unwrap();
+    let pb = s.upload(pos).unwrap();
+    let fb = s.upload(freq).unwrap();
+    ops::rope(s, &mut xb, &pb, &fb, p).unwrap();
+    s.download(&xb).unwrap()
+}
+
+fn check_rope<T: Element>(
+    gpu: &Stream,
+    rng: &mut SplitMix,
+    cfg: &RopeConfig,
+    tokens: u32,
+    heads: u32,
+    head_dim: u32,
+    tol: f64,
+) {
+    let freq = cfg.inv_freq();
+    let x: Vec<T> = to(&rng.vec((tokens * heads * head_dim) as usize));
+    // Positions up to 1M: the long-context angles are where a fast-math sin/cos would fail.
+    let pos: Vec<i32> = (0..tokens)
+        .map(|_| (rng.next_u64() % (1 << 20)) as i32)
+        .collect();
+    for inverse in [false, true] {
+        let p = RopeParams::new(tokens, heads, head_dim, cfg.rope_dim as u32, inverse);
+        let cpu = from(&rope_on(
+            &Device::cpu().default_stream(),
+            &x,
+            &pos,
+            &freq,
+            &p,
+        ));
+        let got = from(&rope_on(gpu, &x, &pos, &freq, &p));
+        let (rel, max) = rel_err(&got, &cpu);
+        println!(
+            "parity rope {:?} tokens={tokens} heads={heads} head_dim={head_dim} rope_dim={} yarn={} inverse={inverse}: rel_err={rel:.3e} max_abs={max:.3e} (tol {tol:.0e})",
+            T::DTYPE, cfg.rope_dim, cfg.yarn.is_some()
+        );
+        assert!(rel < tol, "rope {:?}: rel_err {rel:e} >= {tol:e}", T::DTYPE);
+    }
+}
+
+#[test]
+fn gpu_rms_norm_matches_cpu() {
+    let Some(dev) = cuda_device_or_skip("gpu_rms_norm_matches_cpu") else {
+        return;
+    };
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let s = dev.default_stream();
+    // Fixed shapes covering both kernels (vector: dim % 8 == 0 and <= 32768 bf16; scalar: the
+    // rest), strided rows, then random shapes.
+    let mut shapes = vec![
+        (1, 64, 64),
+        (37, 4096, 4096),
+        (5, 4100, 4100),
+        (7, 1000, 1024),
+        (3, 40000, 40000),
+        (9, 7168, 8192),
+    ];
+    for _ in 0..6 {
+        let dim = 1 + (rng.next_u64() % 9000) as u32;
+        let stride = dim + (rng.next_u64() % 3) as u32 * 8;
+        shapes.push((1 + (rng.next_u64() % 100) as u32, dim, stride));
+    }
+    for (rows, dim, stride) in shapes {
+        check_rms::<f32>(&s, &mut rng, rows, dim, stride, F32_TOL);
+        check_rms::<bf16>(&s, &mut rng, rows, dim, stride, BF16_TOL);
+    }
+}
+
+#[test]
+fn gpu_rope_matches_cpu() {
+    let Some(dev) = cuda_device_or_skip("gpu_rope_matches_cpu") else {
+        return;
+    };
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let s = dev.default_stream();
+    let main = RopeConfig {
+        theta: 10000.0,
+        rope_dim: 64,
+        yarn: None,
+    };
+    let compress = RopeConfig {
+        theta: 160000.0,
+        rope_dim: 64,
+        yarn: Some(Yarn {
+            factor: 16.0,
+            original_max_position: 65536,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }),
+    };
+    let tiny = RopeConfig {
+        theta: 160000.0,
+        rope_dim: 16,
+        yarn: compress.yarn,
+    };
+    for cfg in [&main, &compress] {
+        // Flash query heads (64 x 512), the single KV head, and the indexer's 128-wide heads.
+        for (tokens, heads, hd) in [(33, 64, 512), (100, 1, 512), (17, 64, 128)] {
+            check_rope::<f32>(&s, &mut rng, cfg, tokens, heads, hd, F32_TOL);
+            check_rope::<bf16>(&s, &mut rng, cfg, tokens, heads, hd, BF16_TOL);
+        }
+    }
+    check_rope::<f32>(&s, &mut rng, &tiny, 64, 4, 64, F32_TOL);
+}

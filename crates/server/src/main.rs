@@ -1,0 +1,35 @@
+//! `deepinfer`: the command-line entry point. Each subcommand lives in its own module and only
+//! parses arguments and prints; the work is in the library crates.
+
+mod doctor;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "deepinfer", version, about = "DeepSeek-V4 inference engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Report the build accelerator, embedded kernels, driver, GPUs and loaded CUDA libraries.
+    Doctor,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Doctor => doctor::run(),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

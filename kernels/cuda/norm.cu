@@ -1,0 +1,95 @@
+// RMSNorm over the last dimension (MODEL_V4.md §2): out = w * (x * rsqrt(mean(x^2) + eps)),
+// computed in fp32 and rounded once to the storage type.
+//
+// One block per row. The vector kernel keeps a row in registers (up to MAXV 16-byte vectors
+// per thread), so x is read from DRAM exactly once and out written once: the op is bound by
+// 2 * rows * dim * sizeof(T) bytes. The scalar kernel takes any alignment and dim and re-reads
+// the row (from L1/L2) in its second pass.
+#include "../include/deepinfer_params.h"
+#include "vec.cuh"
+
+namespace {
+
+constexpr int MAXV = 4;
+
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int warps = (blockDim.x + 31) >> 5;
+    v = (threadIdx.x < warps) ? partial[threadIdx.x] : 0.f;
+    if (warp == 0) {
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) partial[0] = v;
+    }
+    __syncthreads();
+    return partial[0];
+}
+
+// Requires dim % N == 0, row_stride % N == 0, 16-byte aligned x/w/out and
+// dim / N <= MAXV * blockDim.x (the host checks all of it).
+template <typename T>
+__device__ void rms_norm_vec(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
+                             DiRmsNormParams p) {
+    constexpr int N = Vec16<T>::N;
+    const size_t base = (size_t)blockIdx.x * p.row_stride;
+    const int nvec = p.dim / N;
+    Vec16<T> cache[MAXV];
+    float ss = 0.f;
+    #pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+        const int v = threadIdx.x + k * blockDim.x;
+        if (v < nvec) {
+            cache[k] = load16(x + base + (size_t)v * N);
+            #pragma unroll
+            for (int i = 0; i < N; ++i) { const float f = cache[k].get(i); ss += f * f; }
+        }
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)p.dim + p.eps);
+    #pragma unroll
+    for (int k = 0; k < MAXV; ++k) {
+        const int v = threadIdx.x + k * blockDim.x;
+        if (v < nvec) {
+            const Vec16<T> wv = load16(w + (size_t)v * N);
+            Vec16<T> o;
+            #pragma unroll
+            for (int i = 0; i < N; ++i) o.set(i, wv.get(i) * (cache[k].get(i) * inv));
+            store16(out + base + (size_t)v * N, o);
+        }
+    }
+}
+
+template <typename T>
+__device__ void rms_norm_scalar(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
+                                DiRmsNormParams p) {
+    const size_t base = (size_t)blockIdx.x * p.row_stride;
+    float ss = 0.f;
+    for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
+        const float f = to_f32(x[base + i]);
+        ss += f * f;
+    }
+    const float inv = rsqrtf(block_sum(ss) / (float)p.dim + p.eps);
+    for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x)
+        out[base + i] = from_f32<T>(to_f32(w[i]) * (to_f32(x[base + i]) * inv));
+}
+
+}  // namespace
+
+extern "C" __global__ void di_rms_norm_vec_f32(const float* x, const float* w, float* out, DiRmsNormParams p) {
+    rms_norm_vec<float>(x, w, out, p);
+}
+extern "C" __global__ void di_rms_norm_vec_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                                __nv_bfloat16* out, DiRmsNormParams p) {
+    rms_norm_vec<__nv_bfloat16>(x, w, out, p);
+}
+extern "C" __global__ void di_rms_norm_scalar_f32(const float* x, const float* w, float* out, DiRmsNormParams p) {
+    rms_norm_scalar<float>(x, w, out, p);
+}
+extern "C" __global__ void di_rms_norm_scalar_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                                   __nv_bfloat16* out, DiRmsNormParams p) {
+    rms_norm_scalar<__nv_bfloat16>(x, w, out, p);
+}

@@ -1,0 +1,43 @@
+/*
+ * Launch parameter structs shared by the CUDA kernels and Rust.
+ *
+ * Rust reads this file through bindgen (`cargo xtask bindgen`, committed as
+ * crates/kernels-ffi/src/generated/params.rs), so a field added here reaches both
+ * sides at once. Keep every struct plain C: fixed-width integers, floats, no pointers
+ * (device pointers travel as separate kernel arguments, typed by cudarc).
+ */
+#ifndef DEEPINFER_PARAMS_H
+#define DEEPINFER_PARAMS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* RMSNorm over the last dimension: out[r, :] = w * x[r, :] * rsqrt(mean(x[r, :]^2) + eps).
+ * Rows are `row_stride` elements apart in x and out (>= dim, lets a norm run over a slice). */
+typedef struct DiRmsNormParams {
+    uint32_t rows;
+    uint32_t dim;
+    uint32_t row_stride;
+    float eps;
+} DiRmsNormParams;
+
+/* Partial interleaved RoPE, in place, on x laid out [tokens, heads, head_dim].
+ * Only the last `rope_dim` channels of each head rotate, as consecutive pairs (2i, 2i+1),
+ * by angle positions[t] * inv_freq[i] computed in fp32. `inverse` != 0 rotates by -angle
+ * (V4 applies the inverse rotation to the attention output at the query position). */
+typedef struct DiRopeParams {
+    uint32_t tokens;
+    uint32_t heads;
+    uint32_t head_dim;
+    uint32_t rope_dim;
+    uint32_t inverse;
+} DiRopeParams;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DEEPINFER_PARAMS_H */

@@ -1,0 +1,145 @@
+//! `cargo xtask gpu-bundle`: everything one GPU visit needs, in target/gpu-bundle (< 64 MiB).
+//!
+//! The GPU machine has no Rust and no network: we ship the release `deepinfer` binary (kernels
+//! embedded), every GPU test executable (`crates/*/tests/gpu_*.rs`) and GPU benchmark
+//! (`crates/*/benches/gpu_*.rs`), built here, plus `run.sh OUTDIR`, which sets the CUDA library
+//! path, runs them all and writes the results into OUTDIR.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use xshell::cmd;
+
+use crate::{kernels, workspace};
+
+const LIMIT_BYTES: u64 = 64 << 20;
+
+/// (package, target name) of every `gpu_*` target of `kind` ("tests" or "benches").
+fn gpu_targets(kind: &str) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(workspace::root().join("crates"))? {
+        let dir = e?.path();
+        let Ok(manifest) = fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let pkg = manifest
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .and_then(|l| l.strip_suffix('"'))
+            .with_context(|| format!("package name in {}", dir.display()))?
+            .to_string();
+        let Ok(rd) = fs::read_dir(dir.join(kind)) else {
+            continue;
+        };
+        for f in rd {
+            let name = f?.file_name().to_string_lossy().to_string();
+            if let Some(stem) = name
+                .strip_prefix("gpu_")
+                .and_then(|s| s.strip_suffix(".rs"))
+            {
+                out.push((pkg.clone(), format!("gpu_{stem}")));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Executable paths cargo reports in its JSON messages.
+fn executables(json: &str) -> Vec<PathBuf> {
+    json.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            v.get("executable")
+                .and_then(|e| e.as_str())
+                .map(PathBuf::from)
+        })
+        .collect()
+}
+
+fn copy_exe(from: &Path, dir: &Path, name: &str) -> Result<u64> {
+    fs::create_dir_all(dir)?;
+    let to = dir.join(name);
+    fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+    Ok(fs::metadata(&to)?.len())
+}
+
+pub fn run() -> Result<()> {
+    kernels::run(false)?;
+    let sh = workspace::shell()?;
+    let root = workspace::root();
+    let bundle = root.join("target/gpu-bundle");
+    if bundle.exists() {
+        fs::remove_dir_all(&bundle)?;
+    }
+    let mut total = 0u64;
+
+    workspace::step("release binary");
+    cmd!(
+        sh,
+        "cargo build --release --locked -p deepinfer --features cuda"
+    )
+    .run()?;
+    total += copy_exe(
+        &root.join("target/release/deepinfer"),
+        &bundle.join("bin"),
+        "deepinfer",
+    )?;
+
+    for (kind, flag, sub) in [("tests", "--test", "test"), ("benches", "--bench", "bench")] {
+        for (pkg, target) in gpu_targets(kind)? {
+            workspace::step(&format!("{kind}: {pkg} {target}"));
+            let json = cmd!(sh, "cargo {sub} --release --locked --no-run -p {pkg} {flag} {target} --features deepinfer-kernels-ffi/cuda --message-format=json")
+                .read()?;
+            let exe = executables(&json)
+                .into_iter()
+                .next()
+                .with_context(|| format!("no executable for {pkg} {target}"))?;
+            total += copy_exe(&exe, &bundle.join(kind), &format!("{pkg}-{target}"))?;
+        }
+    }
+
+    let script = bundle.join("run.sh");
+    fs::write(&script, RUN_SH)?;
+    cmd!(sh, "chmod +x {script}").run()?;
+    if total > LIMIT_BYTES {
+        bail!(
+            "the GPU bundle is {:.1} MiB, over the 64 MiB a device call carries",
+            total as f64 / (1u64 << 20) as f64
+        );
+    }
+    println!("gpu bundle: target/gpu-bundle ({:.1} MiB); on the GPU machine: target/gpu-bundle/run.sh \"$OUT\"", total as f64 / (1u64 << 20) as f64);
+    Ok(())
+}
+
+const RUN_SH: &str = r####"#!/usr/bin/env bash
+# Runs every GPU test and benchmark of this bundle; results go to the folder given as $1.
+# Made by `cargo xtask gpu-bundle`. GPU tests fail here (instead of skipping) when no GPU is seen.
+set -u
+out=${1:?usage: run.sh OUTDIR}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+# cuBLASLt and friends are opened by name at run time (GPU.md).
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+export DEEPINFER_REQUIRE_GPU=1
+status=0
+{ echo "# deepinfer doctor, $(date -u +%FT%TZ)"; "$here/bin/deepinfer" doctor; } 2>&1 | tee "$out/doctor.txt" || status=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >> "$out/doctor.txt" 2>&1
+for t in "$here"/tests/*; do
+  [ -x "$t" ] || continue
+  echo "### $(basename "$t")" | tee -a "$out/tests.log"
+  "$t" --test-threads 1 --nocapture 2>&1 | tee -a "$out/tests.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
+for b in "$here"/benches/*; do
+  [ -x "$b" ] || continue
+  name=$(basename "$b")
+  echo "### $name" | tee -a "$out/bench.log"
+  DEEPINFER_BENCH_JSON="$out/$name.json" "$b" --bench 2>&1 | tee -a "$out/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
+echo "run.sh: exit $status"
+exit $status
+"####;

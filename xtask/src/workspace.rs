@@ -1,0 +1,29 @@
+//! Paths of the workspace and a shell rooted at it.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use xshell::Shell;
+
+/// The workspace root (xtask lives one level below it).
+pub fn root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}
+
+/// A shell whose current directory is the workspace root.
+pub fn shell() -> Result<Shell> {
+    let sh = Shell::new()?;
+    sh.change_dir(root());
+    Ok(sh)
+}
+
+/// Where compiled kernels go (`build.rs` of kernels-ffi reads the same place).
+pub fn kernels_out() -> PathBuf {
+    root().join("target/kernels")
+}
+
+/// Print a step header, so long CI logs show where time goes.
+pub fn step(name: &str) {
+    println!("\n==> {name}");
+}
