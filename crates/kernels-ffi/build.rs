@@ -20,8 +20,7 @@ fn main() {
         let dir = match env::var_os("DEEPINFER_KERNELS_DIR") {
             Some(d) => PathBuf::from(d),
             None => {
-                let manifest =
-                    PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+                let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
                 manifest.join("../../target/kernels")
             }
         };
@@ -29,23 +28,14 @@ fn main() {
         // creating it (empty) keeps incremental builds quiet until kernels appear in it.
         let _ = fs::create_dir_all(&dir);
         println!("cargo:rerun-if-changed={}", dir.display());
-        let mut modules: Vec<PathBuf> = fs::read_dir(&dir)
-            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
+        let mut modules: Vec<PathBuf> =
+            fs::read_dir(&dir).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
         modules.retain(|p| p.extension().is_some_and(|e| e == "fatbin"));
         modules.sort();
         for path in modules {
-            let name = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or_default()
-                .to_string();
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
             let abs = fs::canonicalize(&path).unwrap_or(path);
-            let _ = writeln!(
-                table,
-                "    ({name:?}, include_bytes!({:?})),",
-                abs.display().to_string()
-            );
+            let _ = writeln!(table, "    ({name:?}, include_bytes!({:?})),", abs.display().to_string());
         }
         archs = fs::read_to_string(dir.join("ARCHS")).unwrap_or_default();
     }

@@ -1,10 +1,12 @@
 // RMSNorm over the last dimension (MODEL_V4.md §2): out = w * (x * rsqrt(mean(x^2) + eps)),
 // computed in fp32 and rounded once to the storage type.
 //
-// One block per row. The vector kernel keeps a row in registers (up to MAXV 16-byte vectors
-// per thread), so x is read from DRAM exactly once and out written once: the op is bound by
-// 2 * rows * dim * sizeof(T) bytes. The scalar kernel takes any alignment and dim and re-reads
-// the row (from L1/L2) in its second pass.
+// x is read from DRAM exactly once and out written once: the op is bound by
+// 2 * rows * dim * sizeof(T) bytes. Three kernels:
+// * warp: one warp per row, the row in registers (VPL 16-byte vectors per lane), reduced by
+//   shuffles alone, 4 rows per block; rows up to 512 vectors (bf16 dim <= 4096), no barrier.
+// * vec: one block per row, up to MAXV vectors per thread in registers, for longer rows.
+// * scalar: any alignment and dim; re-reads the row (from L1/L2) in its second pass.
 #include "../include/deepinfer_params.h"
 #include "vec.cuh"
 
@@ -63,6 +65,47 @@ __device__ void rms_norm_vec(const T* __restrict__ x, const T* __restrict__ w, T
     }
 }
 
+__device__ __forceinline__ float warp_sum(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Requires dim % N == 0, row_stride % N == 0, 16-byte aligned x/w/out and dim / N <= 32 * VPL.
+template <typename T, int VPL>
+__device__ void rms_norm_warp(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
+                              DiRmsNormParams p) {
+    constexpr int N = Vec16<T>::N;
+    const uint32_t row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= p.rows) return;  // whole warps exit together: no shuffle partner goes missing
+    const int lane = threadIdx.x & 31;
+    const size_t base = (size_t)row * p.row_stride;
+    const int nvec = p.dim / N;
+    Vec16<T> cache[VPL];
+    float ss = 0.f;
+    #pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+        const int v = lane + 32 * k;
+        if (v < nvec) {
+            cache[k] = load16(x + base + (size_t)v * N);
+            #pragma unroll
+            for (int i = 0; i < N; ++i) { const float f = cache[k].get(i); ss += f * f; }
+        }
+    }
+    const float inv = rsqrtf(warp_sum(ss) / (float)p.dim + p.eps);
+    #pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+        const int v = lane + 32 * k;
+        if (v < nvec) {
+            const Vec16<T> wv = load16(w + (size_t)v * N);
+            Vec16<T> o;
+            #pragma unroll
+            for (int i = 0; i < N; ++i) o.set(i, wv.get(i) * (cache[k].get(i) * inv));
+            store16(out + base + (size_t)v * N, o);
+        }
+    }
+}
+
 template <typename T>
 __device__ void rms_norm_scalar(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
                                 DiRmsNormParams p) {
@@ -93,3 +136,16 @@ extern "C" __global__ void di_rms_norm_scalar_bf16(const __nv_bfloat16* x, const
                                                    __nv_bfloat16* out, DiRmsNormParams p) {
     rms_norm_scalar<__nv_bfloat16>(x, w, out, p);
 }
+
+#define DI_RMS_NORM_WARP(VPL)                                                                        \
+    extern "C" __global__ void di_rms_norm_warp##VPL##_f32(const float* x, const float* w, float* out, \
+                                                           DiRmsNormParams p) {                      \
+        rms_norm_warp<float, VPL>(x, w, out, p);                                                     \
+    }                                                                                                \
+    extern "C" __global__ void di_rms_norm_warp##VPL##_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, \
+                                                            __nv_bfloat16* out, DiRmsNormParams p) { \
+        rms_norm_warp<__nv_bfloat16, VPL>(x, w, out, p);                                             \
+    }
+DI_RMS_NORM_WARP(4)
+DI_RMS_NORM_WARP(8)
+DI_RMS_NORM_WARP(16)

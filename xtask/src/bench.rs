@@ -5,16 +5,7 @@ use xshell::cmd;
 
 use crate::workspace;
 
-const CRATES: [&str; 8] = [
-    "kernels-ffi",
-    "kv",
-    "moe",
-    "scheduler",
-    "spec",
-    "recipe",
-    "engine",
-    "server",
-];
+const CRATES: [&str; 8] = ["kernels-ffi", "kv", "moe", "scheduler", "spec", "recipe", "engine", "server"];
 
 pub fn run(krate: Option<String>) -> Result<()> {
     let sh = workspace::shell()?;
@@ -25,11 +16,7 @@ pub fn run(krate: Option<String>) -> Result<()> {
             if !CRATES.contains(&short) {
                 bail!("unknown crate `{name}` (one of: {})", CRATES.join(", "));
             }
-            let pkg = if short == "server" {
-                "deepinfer".to_string()
-            } else {
-                format!("deepinfer-{short}")
-            };
+            let pkg = if short == "server" { "deepinfer".to_string() } else { format!("deepinfer-{short}") };
             cmd!(sh, "cargo bench -p {pkg}").run()?
         }
     }

@@ -17,11 +17,7 @@ const CANN_DEFAULT: &str = "/usr/local/Ascend/ascend-toolkit/latest";
 
 pub fn run(accelerator: Option<String>, release: bool) -> Result<()> {
     let accel = accelerator
-        .or_else(|| {
-            std::env::var("DEEPINFER_ACCELERATOR")
-                .ok()
-                .filter(|s| !s.is_empty())
-        })
+        .or_else(|| std::env::var("DEEPINFER_ACCELERATOR").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "cpu".to_string());
     let sh = workspace::shell()?;
     let profile: &[&str] = if release { &["--release"] } else { &[] };
@@ -51,10 +47,7 @@ fn find_cann() -> Result<PathBuf> {
     for var in CANN_VARS {
         match std::env::var_os(var) {
             Some(v) if PathBuf::from(&v).is_dir() => return Ok(PathBuf::from(v)),
-            Some(v) => looked.push(format!(
-                "${var}={} (not a directory)",
-                PathBuf::from(v).display()
-            )),
+            Some(v) => looked.push(format!("${var}={} (not a directory)", PathBuf::from(v).display())),
             None => looked.push(format!("${var} (unset)")),
         }
     }
@@ -62,18 +55,17 @@ fn find_cann() -> Result<PathBuf> {
         return Ok(PathBuf::from(CANN_DEFAULT));
     }
     looked.push(format!("{CANN_DEFAULT} (absent)"));
-    bail!("the Ascend CANN toolkit was not found; looked at: {}. Install CANN or set ASCEND_TOOLKIT_HOME.", looked.join(", "))
+    bail!(
+        "the Ascend CANN toolkit was not found; looked at: {}. Install CANN or set ASCEND_TOOLKIT_HOME.",
+        looked.join(", ")
+    )
 }
 
 /// Compile kernels/ascend/*.cpp with CANN's AscendC compiler (ccec) into target/kernels-ascend.
 fn compile_ascend(toolkit: &std::path::Path) -> Result<()> {
     let ccec = toolkit.join("compiler/ccec_compiler/bin/ccec");
     if !ccec.is_file() {
-        bail!(
-            "CANN found at {}, but its AscendC compiler {} is missing",
-            toolkit.display(),
-            ccec.display()
-        );
+        bail!("CANN found at {}, but its AscendC compiler {} is missing", toolkit.display(), ccec.display());
     }
     let root = workspace::root();
     let out = root.join("target/kernels-ascend");
@@ -83,20 +75,11 @@ fn compile_ascend(toolkit: &std::path::Path) -> Result<()> {
     for e in std::fs::read_dir(root.join("kernels/ascend"))? {
         let src = e?.path();
         if src.extension().is_some_and(|x| x == "cpp") {
-            let obj = out
-                .join(src.file_stem().unwrap_or_default())
-                .with_extension("o");
-            cmd!(
-                sh,
-                "{ccec} -xcce -O2 -std=c++17 --cce-aicore-arch=dav-c220 -c {src} -o {obj}"
-            )
-            .run()?;
+            let obj = out.join(src.file_stem().unwrap_or_default()).with_extension("o");
+            cmd!(sh, "{ccec} -xcce -O2 -std=c++17 --cce-aicore-arch=dav-c220 -c {src} -o {obj}").run()?;
             n += 1;
         }
     }
-    println!(
-        "ascend: compiled {n} AscendC kernel files with {}",
-        ccec.display()
-    );
+    println!("ascend: compiled {n} AscendC kernel files with {}", ccec.display());
     Ok(())
 }

@@ -18,35 +18,21 @@ pub fn run() -> Result<()> {
         times.push((name, t.elapsed().as_secs_f32()));
         Ok(())
     };
-    timed("fmt", &mut || {
-        Ok(cmd!(sh, "cargo fmt --all -- --check").run()?)
-    })?;
+    timed("fmt", &mut || Ok(cmd!(sh, "cargo fmt --all -- --check").run()?))?;
     timed("bindgen --check", &mut || bindgen_cmd::run(true))?;
     // Before any build: the CUDA-enabled builds below embed these fatbins.
     timed("kernels --check", &mut || kernels::run(true))?;
     timed("clippy (cpu)", &mut || {
-        Ok(cmd!(
-            sh,
-            "cargo clippy --workspace --all-targets --locked -- -D warnings"
-        )
-        .run()?)
+        Ok(cmd!(sh, "cargo clippy --workspace --all-targets --locked -- -D warnings").run()?)
     })?;
     timed("clippy (cuda)", &mut || {
-        Ok(cmd!(sh, "cargo clippy --workspace --all-targets --locked --features deepinfer/cuda -- -D warnings").run()?)
+        Ok(cmd!(sh, "cargo clippy --workspace --all-targets --locked --features deepinfer/cuda -- -D warnings")
+            .run()?)
     })?;
     // Tests run with the CUDA backend compiled in: without a GPU they exercise its error paths and
     // the GPU tests print that they were skipped.
-    timed("tests", &mut || {
-        Ok(cmd!(
-            sh,
-            "cargo test --workspace --locked --features deepinfer/cuda"
-        )
-        .run()?)
-    })?;
-    println!(
-        "\nci: all steps passed in {:.0}s",
-        start.elapsed().as_secs_f32()
-    );
+    timed("tests", &mut || Ok(cmd!(sh, "cargo test --workspace --locked --features deepinfer/cuda").run()?))?;
+    println!("\nci: all steps passed in {:.0}s", start.elapsed().as_secs_f32());
     for (name, secs) in times {
         println!("  {name:<16} {secs:>7.1}s");
     }

@@ -30,13 +30,8 @@ fn venv_dir() -> PathBuf {
 
 /// `nvcc --version` of `nvcc`, or None when it cannot run.
 pub fn version(nvcc: &Path) -> Option<String> {
-    let out = std::process::Command::new(nvcc)
-        .arg("--version")
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    let out = std::process::Command::new(nvcc).arg("--version").output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
 }
 
 fn matches(nvcc: &Path) -> bool {
@@ -67,11 +62,7 @@ pub fn nvcc() -> Result<PathBuf> {
         return Ok(p);
     }
     if let Ok(sh) = workspace::shell() {
-        if let Ok(path) = cmd!(sh, "sh -c 'command -v nvcc'")
-            .quiet()
-            .ignore_stderr()
-            .read()
-        {
+        if let Ok(path) = cmd!(sh, "sh -c 'command -v nvcc'").quiet().ignore_stderr().read() {
             let p = PathBuf::from(path.trim());
             if !path.trim().is_empty() && matches(&p) {
                 return Ok(p);
@@ -82,27 +73,17 @@ pub fn nvcc() -> Result<PathBuf> {
         return Ok(p);
     }
     install()?;
-    venv_nvcc()
-        .filter(|p| matches(p))
-        .context("the CUDA wheels installed, but their nvcc does not report release 13.0")
+    venv_nvcc().filter(|p| matches(p)).context("the CUDA wheels installed, but their nvcc does not report release 13.0")
 }
 
 fn install() -> Result<()> {
     let sh = workspace::shell()?;
     let venv = venv_dir();
-    println!(
-        "installing the pinned CUDA 13.0 compiler into {} ...",
-        venv.display()
-    );
-    cmd!(sh, "python3 -m venv {venv}")
-        .run()
-        .context("python3 -m venv failed (install python3-venv)")?;
+    println!("installing the pinned CUDA 13.0 compiler into {} ...", venv.display());
+    cmd!(sh, "python3 -m venv {venv}").run().context("python3 -m venv failed (install python3-venv)")?;
     let pip = venv.join("bin/pip");
-    cmd!(
-        sh,
-        "{pip} install --disable-pip-version-check --progress-bar off {WHEELS...}"
-    )
-    .run()
-    .context("pip could not install the CUDA compiler wheels")?;
+    cmd!(sh, "{pip} install --disable-pip-version-check --progress-bar off {WHEELS...}")
+        .run()
+        .context("pip could not install the CUDA compiler wheels")?;
     Ok(())
 }

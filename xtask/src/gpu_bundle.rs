@@ -34,10 +34,7 @@ fn gpu_targets(kind: &str) -> Result<Vec<(String, String)>> {
         };
         for f in rd {
             let name = f?.file_name().to_string_lossy().to_string();
-            if let Some(stem) = name
-                .strip_prefix("gpu_")
-                .and_then(|s| s.strip_suffix(".rs"))
-            {
+            if let Some(stem) = name.strip_prefix("gpu_").and_then(|s| s.strip_suffix(".rs")) {
                 out.push((pkg.clone(), format!("gpu_{stem}")));
             }
         }
@@ -50,11 +47,7 @@ fn gpu_targets(kind: &str) -> Result<Vec<(String, String)>> {
 fn executables(json: &str) -> Vec<PathBuf> {
     json.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            v.get("executable")
-                .and_then(|e| e.as_str())
-                .map(PathBuf::from)
-        })
+        .filter_map(|v| v.get("executable").and_then(|e| e.as_str()).map(PathBuf::from))
         .collect()
 }
 
@@ -76,26 +69,19 @@ pub fn run() -> Result<()> {
     let mut total = 0u64;
 
     workspace::step("release binary");
-    cmd!(
-        sh,
-        "cargo build --release --locked -p deepinfer --features cuda"
-    )
-    .run()?;
-    total += copy_exe(
-        &root.join("target/release/deepinfer"),
-        &bundle.join("bin"),
-        "deepinfer",
-    )?;
+    cmd!(sh, "cargo build --release --locked -p deepinfer --features cuda").run()?;
+    total += copy_exe(&root.join("target/release/deepinfer"), &bundle.join("bin"), "deepinfer")?;
 
-    for (kind, flag, sub) in [("tests", "--test", "test"), ("benches", "--bench", "bench")] {
+    // `cargo bench` builds with the bench profile (release settings) and rejects --release.
+    for (kind, flag, sub, profile) in
+        [("tests", "--test", "test", Some("--release")), ("benches", "--bench", "bench", None)]
+    {
         for (pkg, target) in gpu_targets(kind)? {
             workspace::step(&format!("{kind}: {pkg} {target}"));
-            let json = cmd!(sh, "cargo {sub} --release --locked --no-run -p {pkg} {flag} {target} --features deepinfer-kernels-ffi/cuda --message-format=json")
+            let json = cmd!(sh, "cargo {sub} {profile...} --locked --no-run -p {pkg} {flag} {target} --features deepinfer-kernels-ffi/cuda --message-format=json")
                 .read()?;
-            let exe = executables(&json)
-                .into_iter()
-                .next()
-                .with_context(|| format!("no executable for {pkg} {target}"))?;
+            let exe =
+                executables(&json).into_iter().next().with_context(|| format!("no executable for {pkg} {target}"))?;
             total += copy_exe(&exe, &bundle.join(kind), &format!("{pkg}-{target}"))?;
         }
     }
@@ -104,12 +90,12 @@ pub fn run() -> Result<()> {
     fs::write(&script, RUN_SH)?;
     cmd!(sh, "chmod +x {script}").run()?;
     if total > LIMIT_BYTES {
-        bail!(
-            "the GPU bundle is {:.1} MiB, over the 64 MiB a device call carries",
-            total as f64 / (1u64 << 20) as f64
-        );
+        bail!("the GPU bundle is {:.1} MiB, over the 64 MiB a device call carries", total as f64 / (1u64 << 20) as f64);
     }
-    println!("gpu bundle: target/gpu-bundle ({:.1} MiB); on the GPU machine: target/gpu-bundle/run.sh \"$OUT\"", total as f64 / (1u64 << 20) as f64);
+    println!(
+        "gpu bundle: target/gpu-bundle ({:.1} MiB); on the GPU machine: target/gpu-bundle/run.sh \"$OUT\"",
+        total as f64 / (1u64 << 20) as f64
+    );
     Ok(())
 }
 

@@ -2,10 +2,13 @@
 //!
 //! SASS only, for sm_90a (H100/H200) and sm_100a (B200), with the `-gencode` form (the `-arch`
 //! shorthand adds a plain sm_90 pass that rejects wgmma/setmaxnreg). Each module's input hash
-//! covers the nvcc version, the flags, every shared header and its own source; unchanged modules
-//! are skipped. nvcc builds are byte-identical, so `kernels/kernels.lock` records input hash and
-//! fatbin hash per module, and `--check` fails when a kernel changed without the lock (or the
-//! compile itself fails).
+//! covers the nvcc release, the flags, every shared header and its own source; unchanged modules
+//! are skipped (target/kernels/manifest.json keeps input and fatbin hashes).
+//!
+//! `kernels/kernels.lock` records the input hash per module, and `--check` compiles every module
+//! and fails when the lock is stale. The lock does not record fatbin hashes: `-lineinfo` embeds
+//! the compilation directory, so the same sources give different bytes in another checkout (seen
+//! here: 30,689 of 70,368 bytes differed between two directories).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -58,20 +61,12 @@ pub fn run(check: bool) -> Result<()> {
     let root = workspace::root();
     let nvcc = cuda_toolchain::nvcc()?;
     let version = cuda_toolchain::version(&nvcc).unwrap_or_default();
-    let release = version
-        .lines()
-        .find(|l| l.contains(cuda_toolchain::RELEASE))
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let release = version.lines().find(|l| l.contains(cuda_toolchain::RELEASE)).unwrap_or("").trim().to_string();
 
     let mut common = Sha256::new();
     common.update(release.as_bytes());
     common.update(FLAGS.join(" ").as_bytes());
-    for h in files("kernels/include", ".h")?
-        .into_iter()
-        .chain(files("kernels/cuda", ".cuh")?)
-    {
+    for h in files("kernels/include", ".h")?.into_iter().chain(files("kernels/cuda", ".cuh")?) {
         common.update(h.to_string_lossy().as_bytes());
         common.update(fs::read(root.join(&h))?);
     }
@@ -89,20 +84,15 @@ pub fn run(check: bool) -> Result<()> {
     let sh = workspace::shell()?;
     let mut modules = BTreeMap::new();
     for src in files("kernels/cuda", ".cu")? {
-        let name = src
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .context("kernel file name")?
-            .to_string();
+        let name = src.file_stem().and_then(|s| s.to_str()).context("kernel file name")?.to_string();
         let mut h = common.clone();
         h.update(src.to_string_lossy().as_bytes());
         h.update(fs::read(root.join(&src))?);
         let input = hex(&h.finalize());
         let fatbin = out_dir.join(format!("{name}.fatbin"));
         let current = fs::read(&fatbin).ok().map(|b| sha256(&b));
-        let up_to_date = previous
-            .get(&name)
-            .is_some_and(|(i, f)| *i == input && current.as_deref() == Some(f.as_str()));
+        let up_to_date =
+            previous.get(&name).is_some_and(|(i, f)| *i == input && current.as_deref() == Some(f.as_str()));
         if up_to_date {
             println!("kernels: {name} up to date");
         } else {
@@ -112,10 +102,7 @@ pub fn run(check: bool) -> Result<()> {
                 .run()
                 .with_context(|| format!("nvcc failed on {}", src.display()))?;
             fs::rename(&tmp, &fatbin)?;
-            println!(
-                "kernels: compiled {name} in {:.1}s",
-                t.elapsed().as_secs_f32()
-            );
+            println!("kernels: compiled {name} in {:.1}s", t.elapsed().as_secs_f32());
         }
         let fat_hash = sha256(&fs::read(&fatbin)?);
         modules.insert(name, (input, fat_hash));
@@ -123,11 +110,7 @@ pub fn run(check: bool) -> Result<()> {
     // Fatbins of deleted sources would otherwise stay embedded.
     for e in fs::read_dir(&out_dir)? {
         let p = e?.path();
-        let stem = p
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or_default()
-            .to_string();
+        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
         if p.extension().is_some_and(|x| x == "fatbin") && !modules.contains_key(&stem) {
             fs::remove_file(&p)?;
         }
@@ -136,10 +119,12 @@ pub fn run(check: bool) -> Result<()> {
     fs::write(&manifest_path, serde_json::to_string_pretty(&manifest)?)?;
     fs::write(out_dir.join("ARCHS"), ARCHS)?;
 
-    let mut lock = String::from("# Written by `cargo xtask kernels`: module, input hash (nvcc release, flags, headers, source), fatbin sha256.\n");
+    let mut lock = String::from(
+        "# Written by `cargo xtask kernels`: module and input hash (nvcc release, flags, headers, source).\n",
+    );
     lock.push_str(&format!("# toolchain: {release}\n"));
-    for (name, (input, fat)) in &modules {
-        lock.push_str(&format!("{name} {input} {fat}\n"));
+    for (name, (input, _)) in &modules {
+        lock.push_str(&format!("{name} {input}\n"));
     }
     let lock_path = root.join("kernels/kernels.lock");
     if check {
@@ -147,10 +132,7 @@ pub fn run(check: bool) -> Result<()> {
         if committed != lock {
             bail!("kernels/kernels.lock is stale: a kernel, header or the toolchain changed. Run `cargo xtask kernels` and commit the lock.\n--- committed\n{committed}--- built\n{lock}");
         }
-        println!(
-            "kernels: {} modules match kernels/kernels.lock",
-            modules.len()
-        );
+        println!("kernels: {} modules match kernels/kernels.lock", modules.len());
     } else {
         fs::write(&lock_path, lock)?;
     }

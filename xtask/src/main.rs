@@ -102,11 +102,7 @@ impl Flags {
             if !allowed.contains(&k.as_str()) {
                 bail!(
                     "unknown option `{k}` (accepted: {})",
-                    if allowed.is_empty() {
-                        "none".to_string()
-                    } else {
-                        allowed.join(", ")
-                    }
+                    if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") }
                 );
             }
         }
@@ -118,9 +114,6 @@ impl Flags {
     }
 
     fn value(&self, k: &str) -> Option<String> {
-        self.0
-            .iter()
-            .find(|(n, _)| n == k)
-            .and_then(|(_, v)| v.clone())
+        self.0.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone())
     }
 }

@@ -13,33 +13,14 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("cpu");
     g.throughput(Throughput::Bytes((2 * rows * dim * 4) as u64));
     g.bench_function("rms_norm_f32_64x4096", |b| {
-        b.iter(|| {
-            cpu::rms_norm(
-                &x,
-                &w,
-                &mut out,
-                &RmsNormParams::packed(rows as u32, dim as u32, 1e-6),
-            )
-        })
+        b.iter(|| cpu::rms_norm(&x, &w, &mut out, &RmsNormParams::packed(rows as u32, dim as u32, 1e-6)))
     });
-    let freq = RopeConfig {
-        theta: 10000.0,
-        rope_dim: 64,
-        yarn: None,
-    }
-    .inv_freq();
+    let freq = RopeConfig { theta: 10000.0, rope_dim: 64, yarn: None }.inv_freq();
     let mut q = rng.vec(rows * 64 * 512);
     let pos: Vec<i32> = (0..rows as i32).collect();
     g.throughput(Throughput::Elements((rows * 64 * 32) as u64));
     g.bench_function("rope_f32_64tok_64x512", |b| {
-        b.iter(|| {
-            cpu::rope(
-                &mut q,
-                &pos,
-                &freq,
-                &RopeParams::new(rows as u32, 64, 512, 64, false),
-            )
-        })
+        b.iter(|| cpu::rope(&mut q, &pos, &freq, &RopeParams::new(rows as u32, 64, 512, 64, false)))
     });
     g.finish();
 }

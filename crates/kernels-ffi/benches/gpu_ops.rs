@@ -40,42 +40,30 @@ fn to<T: Element>(v: &[f32]) -> Vec<T> {
 fn rms_case<T: Element>(s: &Stream, rng: &mut SplitMix, rows: u32, dim: u32) -> serde_json::Value {
     let n = (rows * dim) as usize;
     let x: Vec<T> = to(&rng.vec(n));
-    let w: Vec<T> = to(&rng
-        .vec(dim as usize)
-        .iter()
-        .map(|v| 1.0 + 0.1 * v)
-        .collect::<Vec<_>>());
+    let w: Vec<T> = to(&rng.vec(dim as usize).iter().map(|v| 1.0 + 0.1 * v).collect::<Vec<_>>());
     let p = RmsNormParams::packed(rows, dim, 1e-6);
     let xb = s.upload(&x).unwrap();
     let wb = s.upload(&w).unwrap();
     let mut out = s.upload(&to::<T>(&vec![f32::NAN; n])).unwrap();
     ops::rms_norm(s, &xb, &wb, &mut out, &p).unwrap();
-    let got: Vec<f32> = s
-        .download(&out)
-        .unwrap()
-        .iter()
-        .map(|v| v.to_f32())
-        .collect();
+    let got: Vec<f32> = s.download(&out).unwrap().iter().map(|v| v.to_f32()).collect();
     let mut want = vec![T::from_f32(0.0); n];
     deepinfer_kernels_ffi::cpu::rms_norm(&x, &w, &mut want, &p);
     let want: Vec<f32> = want.iter().map(|v| v.to_f32()).collect();
     let (rel, _) = rel_err(&got, &want);
-    assert!(
-        rel < 4e-3,
-        "rms_norm {:?} {rows}x{dim}: rel_err {rel:e} against the CPU",
-        T::DTYPE
-    );
+    assert!(rel < 4e-3, "rms_norm {:?} {rows}x{dim}: rel_err {rel:e} against the CPU", T::DTYPE);
     let ms = time_ms(s, || ops::rms_norm(s, &xb, &wb, &mut out, &p).unwrap());
     let bytes = (2 * n + dim as usize) as f64 * T::DTYPE.size_bytes() as f64;
     let floor_ms = bytes / FLOOR_BYTES_PER_S * 1e3;
     let gbps = bytes / (ms * 1e-3) / 1e9;
+    let kernel = ops::rms_norm_cuda_kernel::<T>(&p).unwrap_or_default();
     println!(
-        "rms_norm {:>4?} {rows:>6}x{dim:<5} {:>8.1} MB  median {ms:>8.4} ms  {gbps:>7.0} GB/s  floor {floor_ms:.4} ms  achieved/floor {:.3}  rel_err {rel:.1e}",
+        "rms_norm {:>4?} {rows:>6}x{dim:<5} {kernel:<22} {:>8.1} MB  median {ms:>8.4} ms  {gbps:>7.0} GB/s  floor {floor_ms:.4} ms  achieved/floor {:.3}  rel_err {rel:.1e}",
         T::DTYPE,
         bytes / 1e6,
         floor_ms / ms
     );
-    serde_json::json!({"op": "rms_norm", "dtype": format!("{:?}", T::DTYPE), "rows": rows, "dim": dim, "bytes": bytes,
+    serde_json::json!({"op": "rms_norm", "kernel": kernel, "dtype": format!("{:?}", T::DTYPE), "rows": rows, "dim": dim, "bytes": bytes,
         "median_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "gb_per_s": gbps, "rel_err_vs_cpu": rel})
 }
 
@@ -86,16 +74,7 @@ fn rope_case(s: &Stream, rng: &mut SplitMix, tokens: u32) -> serde_json::Value {
     let mut xb = s.upload(&x).unwrap();
     let pos: Vec<i32> = (0..tokens as i32).collect();
     let pb = s.upload(&pos).unwrap();
-    let fb = s
-        .upload(
-            &RopeConfig {
-                theta: 10000.0,
-                rope_dim: rd as usize,
-                yarn: None,
-            }
-            .inv_freq(),
-        )
-        .unwrap();
+    let fb = s.upload(&RopeConfig { theta: 10000.0, rope_dim: rd as usize, yarn: None }.inv_freq()).unwrap();
     let p = RopeParams::new(tokens, heads, hd, rd, false);
     let ms = time_ms(s, || ops::rope(s, &mut xb, &pb, &fb, &p).unwrap());
     // Only the rope tail moves: read and write tokens*heads*rope_dim bf16 values.
@@ -122,11 +101,7 @@ fn main() {
         rope_case(&s, &mut rng, 8192),
     ];
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
-    let gpu = report
-        .gpus
-        .first()
-        .map(|g| g.name.clone())
-        .unwrap_or_default();
+    let gpu = report.gpus.first().map(|g| g.name.clone()).unwrap_or_default();
     let doc = serde_json::json!({
         "bench": "kernels-ffi gpu_ops",
         "device": gpu,

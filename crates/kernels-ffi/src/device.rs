@@ -93,10 +93,7 @@ impl Device {
                 cuda: None,
             },
             #[cfg(feature = "cuda")]
-            Device::Cuda(b) => Stream {
-                device: self.clone(),
-                cuda: Some(b.default_stream()),
-            },
+            Device::Cuda(b) => Stream { device: self.clone(), cuda: Some(b.default_stream()) },
         }
     }
 
@@ -105,10 +102,7 @@ impl Device {
         match self {
             Device::Cpu => Ok(self.default_stream()),
             #[cfg(feature = "cuda")]
-            Device::Cuda(b) => Ok(Stream {
-                device: self.clone(),
-                cuda: Some(b.new_stream()?),
-            }),
+            Device::Cuda(b) => Ok(Stream { device: self.clone(), cuda: Some(b.new_stream()?) }),
         }
     }
 }
@@ -171,26 +165,18 @@ impl Stream {
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
         #[cfg(feature = "cuda")]
         if let Some(s) = &self.cuda {
-            return Ok(DeviceBuffer {
-                storage: Storage::Cuda(s.clone_htod(data)?),
-            });
+            return Ok(DeviceBuffer { storage: Storage::Cuda(s.clone_htod(data)?) });
         }
-        Ok(DeviceBuffer {
-            storage: Storage::Host(data.to_vec()),
-        })
+        Ok(DeviceBuffer { storage: Storage::Host(data.to_vec()) })
     }
 
     /// A new zero-filled buffer of `len` elements.
     pub fn zeros<T: Element>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         #[cfg(feature = "cuda")]
         if let Some(s) = &self.cuda {
-            return Ok(DeviceBuffer {
-                storage: Storage::Cuda(s.alloc_zeros::<T>(len)?),
-            });
+            return Ok(DeviceBuffer { storage: Storage::Cuda(s.alloc_zeros::<T>(len)?) });
         }
-        Ok(DeviceBuffer {
-            storage: Storage::Host(vec![T::zeroed(); len]),
-        })
+        Ok(DeviceBuffer { storage: Storage::Host(vec![T::zeroed(); len]) })
     }
 
     /// Overwrite `buf` with `data` (same length).
@@ -233,13 +219,9 @@ impl Stream {
         #[cfg(feature = "cuda")]
         if let Some(s) = &self.cuda {
             let ev = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            return Ok(Event {
-                inner: EventInner::Cuda(ev),
-            });
+            return Ok(Event { inner: EventInner::Cuda(ev) });
         }
-        Ok(Event {
-            inner: EventInner::Host(Instant::now()),
-        })
+        Ok(Event { inner: EventInner::Host(Instant::now()) })
     }
 
     /// Check that `buf` lives on this stream's device.
@@ -252,12 +234,7 @@ impl Stream {
         let here = self.device.label();
         let there = buf.location();
         if here != there {
-            return Err(FfiError::DeviceMismatch {
-                op,
-                field,
-                expected: here,
-                found: there,
-            });
+            return Err(FfiError::DeviceMismatch { op, field, expected: here, found: there });
         }
         Ok(())
     }
@@ -292,20 +269,14 @@ impl Event {
     /// Milliseconds from this event to `end` (waits for `end` to complete).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         match (&self.inner, &end.inner) {
-            (EventInner::Host(a), EventInner::Host(b)) => {
-                Ok(b.duration_since(*a).as_secs_f32() * 1e3)
-            }
+            (EventInner::Host(a), EventInner::Host(b)) => Ok(b.duration_since(*a).as_secs_f32() * 1e3),
             #[cfg(feature = "cuda")]
             (EventInner::Cuda(a), EventInner::Cuda(b)) => {
                 b.synchronize()?;
                 Ok(a.elapsed_ms(b)?)
             }
             #[cfg(feature = "cuda")]
-            _ => Err(FfiError::shape(
-                "elapsed_ms",
-                "end",
-                "events of different devices",
-            )),
+            _ => Err(FfiError::shape("elapsed_ms", "end", "events of different devices")),
         }
     }
 }

@@ -44,9 +44,7 @@ pub trait DeviceStorable {}
 impl<T> DeviceStorable for T {}
 
 /// A value a [`crate::DeviceBuffer`] can hold. Math is done in f32; `from_f32` rounds to nearest even.
-pub trait Element:
-    sealed::Sealed + bytemuck::Pod + DeviceStorable + Send + Sync + std::fmt::Debug + 'static
-{
+pub trait Element: sealed::Sealed + bytemuck::Pod + DeviceStorable + Send + Sync + std::fmt::Debug + 'static {
     const DTYPE: DType;
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;

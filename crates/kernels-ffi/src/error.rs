@@ -9,38 +9,22 @@ pub enum FfiError {
     #[error("kernel module `{module}` is not embedded in this binary (run `cargo xtask kernels` before building with --features cuda)")]
     KernelsNotEmbedded { module: String },
     #[error("CUDA library {library} could not be loaded: {hint}")]
-    LibraryMissing {
-        library: &'static str,
-        hint: &'static str,
-    },
+    LibraryMissing { library: &'static str, hint: &'static str },
     #[error("no CUDA device with ordinal {ordinal} (found {count})")]
     NoSuchDevice { ordinal: usize, count: usize },
     #[error("CUDA driver error: {0}")]
     Driver(String),
     #[error("{op}: invalid `{field}`: {detail}")]
-    Shape {
-        op: &'static str,
-        field: &'static str,
-        detail: String,
-    },
+    Shape { op: &'static str, field: &'static str, detail: String },
     #[error("{op}: `{field}` lives on {found}, but the stream runs on {expected}")]
-    DeviceMismatch {
-        op: &'static str,
-        field: &'static str,
-        expected: String,
-        found: String,
-    },
+    DeviceMismatch { op: &'static str, field: &'static str, expected: String, found: String },
     #[error("unknown device `{0}` (expected cpu, cuda or cuda:N)")]
     UnknownDevice(String),
 }
 
 impl FfiError {
     pub(crate) fn shape(op: &'static str, field: &'static str, detail: impl Into<String>) -> Self {
-        FfiError::Shape {
-            op,
-            field,
-            detail: detail.into(),
-        }
+        FfiError::Shape { op, field, detail: detail.into() }
     }
 }
 

@@ -19,18 +19,9 @@ fn strided_len(rows: u32, dim: u32, stride: u32) -> usize {
     }
 }
 
-fn check_len<T: Element>(
-    op: &'static str,
-    field: &'static str,
-    buf: &DeviceBuffer<T>,
-    need: usize,
-) -> Result<()> {
+fn check_len<T: Element>(op: &'static str, field: &'static str, buf: &DeviceBuffer<T>, need: usize) -> Result<()> {
     if buf.len() < need {
-        return Err(FfiError::shape(
-            op,
-            field,
-            format!("holds {} elements, needs {need}", buf.len()),
-        ));
+        return Err(FfiError::shape(op, field, format!("holds {} elements, needs {need}", buf.len())));
     }
     Ok(())
 }
@@ -48,18 +39,10 @@ pub fn rms_norm<T: Element>(
         return Err(FfiError::shape(OP, "dim", "must be positive"));
     }
     if p.row_stride < p.dim {
-        return Err(FfiError::shape(
-            OP,
-            "row_stride",
-            format!("{} is less than dim {}", p.row_stride, p.dim),
-        ));
+        return Err(FfiError::shape(OP, "row_stride", format!("{} is less than dim {}", p.row_stride, p.dim)));
     }
     if !(p.eps >= 0.0 && p.eps.is_finite()) {
-        return Err(FfiError::shape(
-            OP,
-            "eps",
-            format!("{} is not a finite non-negative number", p.eps),
-        ));
+        return Err(FfiError::shape(OP, "eps", format!("{} is not a finite non-negative number", p.eps)));
     }
     let need = strided_len(p.rows, p.dim, p.row_stride);
     check_len(OP, "x", x, need)?;
@@ -74,11 +57,23 @@ pub fn rms_norm<T: Element>(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(o)) => {
-            crate::cuda::launch::rms_norm(stream, x, w, o, p)
-        }
+        (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(o)) => crate::cuda::launch::rms_norm(stream, x, w, o, p),
         #[cfg(feature = "cuda")]
         _ => unreachable!("check_on verified every buffer is on the stream's device"),
+    }
+}
+
+/// The CUDA entry point `rms_norm` launches for this element type and shape (for benchmarks and
+/// diagnostics); `None` on a build without the CUDA backend.
+pub fn rms_norm_cuda_kernel<T: Element>(p: &RmsNormParams) -> Option<String> {
+    #[cfg(feature = "cuda")]
+    {
+        Some(crate::cuda::launch::rms_norm_launch(T::DTYPE, p).0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = p;
+        None
     }
 }
 
@@ -93,18 +88,10 @@ pub fn rope<T: Element>(
 ) -> Result<()> {
     const OP: &str = "rope";
     if p.rope_dim == 0 || !p.rope_dim.is_multiple_of(2) {
-        return Err(FfiError::shape(
-            OP,
-            "rope_dim",
-            format!("{} must be even and positive", p.rope_dim),
-        ));
+        return Err(FfiError::shape(OP, "rope_dim", format!("{} must be even and positive", p.rope_dim)));
     }
     if p.rope_dim > p.head_dim {
-        return Err(FfiError::shape(
-            OP,
-            "rope_dim",
-            format!("{} exceeds head_dim {}", p.rope_dim, p.head_dim),
-        ));
+        return Err(FfiError::shape(OP, "rope_dim", format!("{} exceeds head_dim {}", p.rope_dim, p.head_dim)));
     }
     let need = p.tokens as usize * p.heads as usize * p.head_dim as usize;
     check_len(OP, "x", x, need)?;
@@ -119,9 +106,7 @@ pub fn rope<T: Element>(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        (Storage::Cuda(x), Storage::Cuda(pos), Storage::Cuda(f)) => {
-            crate::cuda::launch::rope(stream, x, pos, f, p)
-        }
+        (Storage::Cuda(x), Storage::Cuda(pos), Storage::Cuda(f)) => crate::cuda::launch::rope(stream, x, pos, f, p),
         #[cfg(feature = "cuda")]
         _ => unreachable!("check_on verified every buffer is on the stream's device"),
     }
@@ -142,12 +127,7 @@ mod tests {
         assert!(err.to_string().contains("`w`"), "{err}");
         let err = rms_norm(&s, &x, &w, &mut out, &RmsNormParams::packed(4, 2, 1e-6)).unwrap_err();
         assert!(err.to_string().contains("`x`"), "{err}");
-        let p = RmsNormParams {
-            rows: 2,
-            dim: 2,
-            row_stride: 1,
-            eps: 1e-6,
-        };
+        let p = RmsNormParams { rows: 2, dim: 2, row_stride: 1, eps: 1e-6 };
         let err = rms_norm(&s, &x, &w, &mut out, &p).unwrap_err();
         assert!(err.to_string().contains("`row_stride`"), "{err}");
     }

@@ -2,13 +2,7 @@
 //! (`cargo xtask bindgen`; CI fails when the committed file is stale), so device code and Rust
 //! share one definition.
 
-#[allow(
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    dead_code,
-    clippy::all
-)]
+#[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, clippy::all)]
 mod generated {
     include!("generated/params.rs");
 }
@@ -18,25 +12,14 @@ pub use generated::{DiRmsNormParams as RmsNormParams, DiRopeParams as RopeParams
 impl RmsNormParams {
     /// `rows` rows of `dim` contiguous elements.
     pub fn packed(rows: u32, dim: u32, eps: f32) -> Self {
-        RmsNormParams {
-            rows,
-            dim,
-            row_stride: dim,
-            eps,
-        }
+        RmsNormParams { rows, dim, row_stride: dim, eps }
     }
 }
 
 impl RopeParams {
     /// Rotate the last `rope_dim` channels of every head of x[tokens, heads, head_dim].
     pub fn new(tokens: u32, heads: u32, head_dim: u32, rope_dim: u32, inverse: bool) -> Self {
-        RopeParams {
-            tokens,
-            heads,
-            head_dim,
-            rope_dim,
-            inverse: inverse as u32,
-        }
+        RopeParams { tokens, heads, head_dim, rope_dim, inverse: inverse as u32 }
     }
 }
 

@@ -31,11 +31,7 @@ impl SystemReport {
     pub fn gather() -> SystemReport {
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut r = SystemReport {
-            accelerator: if cfg!(feature = "cuda") {
-                "nvidia"
-            } else {
-                "cpu"
-            },
+            accelerator: if cfg!(feature = "cuda") { "nvidia" } else { "cpu" },
             kernel_archs: embedded::archs().to_string(),
             kernel_modules: embedded::modules(),
             driver_version: Err("built without the CUDA backend".to_string()),
@@ -60,11 +56,7 @@ impl SystemReport {
         // SAFETY: the driver library is present (checked above); cuDriverGetVersion only writes v.
         let rc = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
         self.driver_version = if rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-            Ok(format!(
-                "CUDA {}.{} (driver API {v})",
-                v / 1000,
-                (v % 1000) / 10
-            ))
+            Ok(format!("CUDA {}.{} (driver API {v})", v / 1000, (v % 1000) / 10))
         } else {
             Err(format!("cuDriverGetVersion failed: {rc:?}"))
         };
@@ -104,12 +96,7 @@ impl fmt::Display for SystemReport {
         if self.kernel_modules.is_empty() {
             writeln!(f, "embedded kernels: none")?;
         } else {
-            writeln!(
-                f,
-                "embedded kernels: {} (archs: {})",
-                self.kernel_modules.len(),
-                self.kernel_archs
-            )?;
+            writeln!(f, "embedded kernels: {} (archs: {})", self.kernel_modules.len(), self.kernel_archs)?;
             for (name, bytes) in &self.kernel_modules {
                 writeln!(f, "  {name}: {bytes} bytes")?;
             }
@@ -131,15 +118,7 @@ impl fmt::Display for SystemReport {
             )?;
         }
         for (lib, ok) in &self.optional_libraries {
-            writeln!(
-                f,
-                "library {lib}: {}",
-                if *ok {
-                    "found"
-                } else {
-                    "NOT found on the library path"
-                }
-            )?;
+            writeln!(f, "library {lib}: {}", if *ok { "found" } else { "NOT found on the library path" })?;
         }
         for file in &self.loaded_files {
             writeln!(f, "loaded: {file}")?;

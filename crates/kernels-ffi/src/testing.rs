@@ -9,9 +9,7 @@ pub fn cuda_device_or_skip(what: &str) -> Option<Device> {
         Ok(d) => Some(d),
         Err(e) => {
             if std::env::var("DEEPINFER_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!(
-                    "{what}: a GPU is required (DEEPINFER_REQUIRE_GPU=1) but none is usable: {e}"
-                );
+                panic!("{what}: a GPU is required (DEEPINFER_REQUIRE_GPU=1) but none is usable: {e}");
             }
             // Written to the process's stderr directly: libtest captures eprintln! of passing
             // tests, and a skip must be visible in CI logs.
@@ -30,11 +28,7 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> (f64, f64) {
         let d = (*x as f64) - (*y as f64);
         num += d * d;
         den += (*y as f64) * (*y as f64);
-        max = if d.is_nan() {
-            f64::NAN
-        } else {
-            max.max(d.abs())
-        };
+        max = if d.is_nan() { f64::NAN } else { max.max(d.abs()) };
     }
     ((num / den.max(f64::MIN_POSITIVE)).sqrt(), max)
 }
@@ -62,14 +56,8 @@ impl SplitMix {
 /// A seed that differs per run (fresh inputs every time), printed by callers so a failure can be
 /// reproduced with `DEEPINFER_TEST_SEED`.
 pub fn fresh_seed() -> u64 {
-    if let Some(s) = std::env::var("DEEPINFER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
+    if let Some(s) = std::env::var("DEEPINFER_TEST_SEED").ok().and_then(|s| s.parse().ok()) {
         return s;
     }
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
 }

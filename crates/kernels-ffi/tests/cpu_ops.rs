@@ -8,12 +8,7 @@ fn compress() -> RopeConfig {
     RopeConfig {
         theta: 160000.0,
         rope_dim: 16,
-        yarn: Some(Yarn {
-            factor: 16.0,
-            original_max_position: 65536,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        }),
+        yarn: Some(Yarn { factor: 16.0, original_max_position: 65536, beta_fast: 32.0, beta_slow: 1.0 }),
     }
 }
 

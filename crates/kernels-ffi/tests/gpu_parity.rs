@@ -12,9 +12,7 @@
 //!   boundary, and such elements are rare, so the norm-wise error stays far below 2^-8; 4e-3.
 
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
-use deepinfer_kernels_ffi::{
-    ops, Device, Element, RmsNormParams, RopeConfig, RopeParams, Stream, Yarn,
-};
+use deepinfer_kernels_ffi::{ops, Device, Element, RmsNormParams, RopeConfig, RopeParams, Stream, Yarn};
 use half::bf16;
 
 const F32_TOL: f64 = 2e-6;
@@ -37,31 +35,11 @@ fn rms_on<T: Element>(s: &Stream, x: &[T], w: &[T], p: &RmsNormParams) -> Vec<T>
     s.download(&out).unwrap()
 }
 
-fn check_rms<T: Element>(
-    gpu: &Stream,
-    rng: &mut SplitMix,
-    rows: u32,
-    dim: u32,
-    stride: u32,
-    tol: f64,
-) {
-    let n = if rows == 0 {
-        0
-    } else {
-        (rows as usize - 1) * stride as usize + dim as usize
-    };
+fn check_rms<T: Element>(gpu: &Stream, rng: &mut SplitMix, rows: u32, dim: u32, stride: u32, tol: f64) {
+    let n = if rows == 0 { 0 } else { (rows as usize - 1) * stride as usize + dim as usize };
     let x: Vec<T> = to(&rng.vec(n).iter().map(|v| v * 3.0).collect::<Vec<_>>());
-    let w: Vec<T> = to(&rng
-        .vec(dim as usize)
-        .iter()
-        .map(|v| 1.0 + 0.1 * v)
-        .collect::<Vec<_>>());
-    let p = RmsNormParams {
-        rows,
-        dim,
-        row_stride: stride,
-        eps: 1e-6,
-    };
+    let w: Vec<T> = to(&rng.vec(dim as usize).iter().map(|v| 1.0 + 0.1 * v).collect::<Vec<_>>());
+    let p = RmsNormParams { rows, dim, row_stride: stride, eps: 1e-6 };
     let cpu = from(&rms_on(&Device::cpu().default_stream(), &x, &w, &p));
     let got = from(&rms_on(gpu, &x, &w, &p));
     // Compare the rows; the gaps between rows must still hold the NaN poison on both sides.
@@ -71,21 +49,12 @@ fn check_rms<T: Element>(
         a.extend_from_slice(&got[s..s + dim as usize]);
         b.extend_from_slice(&cpu[s..s + dim as usize]);
         if r + 1 < rows as usize {
-            assert!(
-                got[s + dim as usize..s + stride as usize]
-                    .iter()
-                    .all(|v| v.is_nan()),
-                "kernel wrote between rows"
-            );
+            assert!(got[s + dim as usize..s + stride as usize].iter().all(|v| v.is_nan()), "kernel wrote between rows");
         }
     }
     let (rel, max) = rel_err(&a, &b);
     println!("parity rms_norm {:?} rows={rows} dim={dim} stride={stride}: rel_err={rel:.3e} max_abs={max:.3e} (tol {tol:.0e})", T::DTYPE);
-    assert!(
-        rel < tol,
-        "rms_norm {:?} rows={rows} dim={dim}: rel_err {rel:e} >= {tol:e}",
-        T::DTYPE
-    );
+    assert!(rel < tol, "rms_norm {:?} rows={rows} dim={dim}: rel_err {rel:e} >= {tol:e}", T::DTYPE);
 }
 
 fn rope_on<T: Element>(s: &Stream, x: &[T], pos: &[i32], freq: &[f32], p: &RopeParams) -> Vec<T> {
@@ -108,18 +77,10 @@ fn check_rope<T: Element>(
     let freq = cfg.inv_freq();
     let x: Vec<T> = to(&rng.vec((tokens * heads * head_dim) as usize));
     // Positions up to 1M: the long-context angles are where a fast-math sin/cos would fail.
-    let pos: Vec<i32> = (0..tokens)
-        .map(|_| (rng.next_u64() % (1 << 20)) as i32)
-        .collect();
+    let pos: Vec<i32> = (0..tokens).map(|_| (rng.next_u64() % (1 << 20)) as i32).collect();
     for inverse in [false, true] {
         let p = RopeParams::new(tokens, heads, head_dim, cfg.rope_dim as u32, inverse);
-        let cpu = from(&rope_on(
-            &Device::cpu().default_stream(),
-            &x,
-            &pos,
-            &freq,
-            &p,
-        ));
+        let cpu = from(&rope_on(&Device::cpu().default_stream(), &x, &pos, &freq, &p));
         let got = from(&rope_on(gpu, &x, &pos, &freq, &p));
         let (rel, max) = rel_err(&got, &cpu);
         println!(
@@ -139,16 +100,10 @@ fn gpu_rms_norm_matches_cpu() {
     println!("seed {seed}");
     let mut rng = SplitMix(seed);
     let s = dev.default_stream();
-    // Fixed shapes covering both kernels (vector: dim % 8 == 0 and <= 32768 bf16; scalar: the
-    // rest), strided rows, then random shapes.
-    let mut shapes = vec![
-        (1, 64, 64),
-        (37, 4096, 4096),
-        (5, 4100, 4100),
-        (7, 1000, 1024),
-        (3, 40000, 40000),
-        (9, 7168, 8192),
-    ];
+    // Fixed shapes covering the three kernels (warp: many rows of <= 512 vectors; vec: dim % 8 == 0
+    // up to 4096 vectors; scalar: the rest), strided rows, then random shapes.
+    let mut shapes =
+        vec![(1, 64, 64), (37, 4096, 4096), (5, 4100, 4100), (7, 1000, 1024), (3, 40000, 40000), (9, 7168, 8192)];
     for _ in 0..6 {
         let dim = 1 + (rng.next_u64() % 9000) as u32;
         let stride = dim + (rng.next_u64() % 3) as u32 * 8;
@@ -169,26 +124,13 @@ fn gpu_rope_matches_cpu() {
     println!("seed {seed}");
     let mut rng = SplitMix(seed);
     let s = dev.default_stream();
-    let main = RopeConfig {
-        theta: 10000.0,
-        rope_dim: 64,
-        yarn: None,
-    };
+    let main = RopeConfig { theta: 10000.0, rope_dim: 64, yarn: None };
     let compress = RopeConfig {
         theta: 160000.0,
         rope_dim: 64,
-        yarn: Some(Yarn {
-            factor: 16.0,
-            original_max_position: 65536,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        }),
+        yarn: Some(Yarn { factor: 16.0, original_max_position: 65536, beta_fast: 32.0, beta_slow: 1.0 }),
     };
-    let tiny = RopeConfig {
-        theta: 160000.0,
-        rope_dim: 16,
-        yarn: compress.yarn,
-    };
+    let tiny = RopeConfig { theta: 160000.0, rope_dim: 16, yarn: compress.yarn };
     for cfg in [&main, &compress] {
         // Flash query heads (64 x 512), the single KV head, and the indexer's 128-wide heads.
         for (tokens, heads, hd) in [(33, 64, 512), (100, 1, 512), (17, 64, 128)] {

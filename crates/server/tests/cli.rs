@@ -3,20 +3,13 @@
 use std::process::Command;
 
 fn deepinfer(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_deepinfer"))
-        .args(args)
-        .output()
-        .expect("run deepinfer")
+    Command::new(env!("CARGO_BIN_EXE_deepinfer")).args(args).output().expect("run deepinfer")
 }
 
 #[test]
 fn doctor_reports_build_and_driver() {
     let out = deepinfer(&["doctor"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("build accelerator: "), "{text}");
     assert!(text.contains("driver: "), "{text}");

@@ -62,10 +62,8 @@ impl CudaBackend {
             match modules.get(module) {
                 Some(m) => m.clone(),
                 None => {
-                    let image =
-                        embedded::module(module).ok_or_else(|| FfiError::KernelsNotEmbedded {
-                            module: module.to_string(),
-                        })?;
+                    let image = embedded::module(module)
+                        .ok_or_else(|| FfiError::KernelsNotEmbedded { module: module.to_string() })?;
                     let m = self.ctx.load_module(Ptx::from_binary(image.to_vec()))?;
                     modules.insert(module, m.clone());
                     m

@@ -10,10 +10,7 @@ pub fn require_driver() -> Result<()> {
     if unsafe { cudarc::driver::sys::is_culib_present() } {
         Ok(())
     } else {
-        Err(FfiError::LibraryMissing {
-            library: "libcuda.so",
-            hint: "no NVIDIA driver found on the library path",
-        })
+        Err(FfiError::LibraryMissing { library: "libcuda.so", hint: "no NVIDIA driver found on the library path" })
     }
 }
 
@@ -59,11 +56,7 @@ pub fn loaded_files() -> Vec<String> {
     let mut files: Vec<String> = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| {
-            ["libcuda", "libcublas", "libnccl", "libnvrtc", "libnvidia"]
-                .iter()
-                .any(|n| p.contains(n))
-        })
+        .filter(|p| ["libcuda", "libcublas", "libnccl", "libnvrtc", "libnvidia"].iter().any(|n| p.contains(n)))
         .map(str::to_string)
         .collect();
     files.sort();
