@@ -2,3 +2,19 @@
 //! normalisation and scaling), hash routing by `tid2eid`, expert placement and replication (EPLB),
 //! and token dispatch/combine plans for expert parallelism. Logic over indices and weights only;
 //! the CPU model and the CUDA kernels both use these definitions as their reference.
+//!
+//! ```
+//! use deepinfer_moe::{Router, RoutingPolicy};
+//! // 4 experts, top-2, scores rescaled to sum to 1.5 (V4-Flash's routed_scaling_factor).
+//! let router = Router::new(4, 2, 1.5)?;
+//! let logits = [0.1f32, 2.0, -1.0, 1.0];
+//! let bias = [0.0f32, 0.0, 5.0, 0.0]; // selection only: expert 2 wins despite its low score
+//! let r = router.route(&logits, RoutingPolicy::Score { bias: &bias })?;
+//! assert_eq!(r.experts, vec![2, 1]);
+//! assert!((r.weights.iter().sum::<f32>() - 1.5).abs() < 1e-6);
+//! # Ok::<(), deepinfer_moe::RoutingError>(())
+//! ```
+
+mod routing;
+
+pub use routing::{sqrt_softplus, Router, Routing, RoutingError, RoutingPolicy};

@@ -1,6 +1,7 @@
 //! `deepinfer`: the command-line entry point. Each subcommand lives in its own module and only
 //! parses arguments and prints; the work is in the library crates.
 
+mod check_parity;
 mod doctor;
 
 use std::process::ExitCode;
@@ -18,12 +19,15 @@ struct Cli {
 enum Command {
     /// Report the build accelerator, embedded kernels, driver, GPUs and loaded CUDA libraries.
     Doctor,
+    /// Compare the CPU model with a fixture's reference logits; prints JSON, exits 0 only within tolerance.
+    CheckParity(check_parity::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Doctor => doctor::run(),
+        Command::CheckParity(a) => check_parity::run(a),
     };
     match result {
         Ok(code) => code,

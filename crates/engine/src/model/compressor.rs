@@ -1,0 +1,130 @@
+//! KV compressors of CSA and HCA layers, and of the lightning indexer (MODEL_V4.md §6).
+//!
+//! Each token contributes a value `A = wkv·x` and a gate `G = wgate·x` (+ `ape[s mod ratio]`).
+//! Windows of `ratio` consecutive tokens (aligned at multiples of `ratio`) are pooled, per
+//! channel, with a softmax over the window's gates: HCA pools one window (`width` channels);
+//! CSA/indexer ("overlapping") pool 2·ratio slots: the first half of the previous window's
+//! values (`Ca`) and the second half of this window's (`Cb`). A pooled row is RMS-normalised and
+//! rotated (compress rope) at the position of its window's first token.
+//!
+//! State across chunks (per sequence, per layer): the tokens of the open window (values and raw
+//! gates), the previous full window's `Ca` slots (with `ape` already added), and the rows emitted
+//! so far. Row w exists once token ratio·w + ratio − 1 has been absorbed.
+
+use super::linear::{rms_norm_rows, Linear};
+use deepinfer_kernels_ffi::cpu::rope_row;
+
+/// How a pooled row is finished: RMSNorm epsilon, the compress rope (table and rotated tail),
+/// and `post_row`, run on each new row after rope (the official QAT, or nothing).
+pub struct RowFinish<'a> {
+    pub eps: f32,
+    pub inv_freq: &'a [f32],
+    pub rope_dim: usize,
+    pub post_row: &'a dyn Fn(&mut [f32]),
+}
+
+/// Weights of one compressor.
+#[derive(Debug, Clone)]
+pub struct Compressor {
+    pub ratio: usize,
+    /// Channels of an emitted row (head_dim, or index_head_dim).
+    pub width: usize,
+    /// CSA / indexer (two series, 2·ratio slots) vs HCA (one series).
+    pub overlap: bool,
+    /// [coff·width, D] with coff = 2 when overlapping.
+    pub wkv: Linear,
+    pub wgate: Linear,
+    /// [ratio, coff·width]
+    pub ape: Vec<f32>,
+    /// [width]
+    pub norm: Vec<f32>,
+}
+
+/// One sequence's compressor state.
+#[derive(Debug, Clone, Default)]
+pub struct CompressorState {
+    /// Values and raw gates of the open window's tokens, [k, coff·width] each (k < ratio).
+    buf_kv: Vec<f32>,
+    buf_gate: Vec<f32>,
+    /// `Ca` values and gates (+ape) of the last full window, [ratio, width] each.
+    prev: Option<(Vec<f32>, Vec<f32>)>,
+    /// Emitted rows, [count, width].
+    pub rows: Vec<f32>,
+    pub count: usize,
+}
+
+impl Compressor {
+    fn coff(&self) -> usize {
+        if self.overlap {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Absorb the projections of new tokens (kv, gate: [T, coff·width]) and emit every window
+    /// they close into `state.rows`, finishing each row as `fin` says.
+    pub fn absorb(&self, state: &mut CompressorState, kv: &[f32], gate: &[f32], fin: &RowFinish<'_>) {
+        let cw = self.coff() * self.width;
+        state.buf_kv.extend_from_slice(kv);
+        state.buf_gate.extend_from_slice(gate);
+        while state.buf_kv.len() >= self.ratio * cw {
+            let wkv: Vec<f32> = state.buf_kv.drain(..self.ratio * cw).collect();
+            let mut wg: Vec<f32> = state.buf_gate.drain(..self.ratio * cw).collect();
+            for (t, g) in wg.chunks_exact_mut(cw).enumerate() {
+                for (gv, a) in g.iter_mut().zip(&self.ape[t * cw..(t + 1) * cw]) {
+                    *gv += a;
+                }
+            }
+            let mut row = self.pool(&wkv, &wg, state.prev.as_ref());
+            if self.overlap {
+                let w = self.width;
+                let ca: Vec<f32> = wkv.chunks_exact(cw).flat_map(|r| r[..w].to_vec()).collect();
+                let ga: Vec<f32> = wg.chunks_exact(cw).flat_map(|r| r[..w].to_vec()).collect();
+                state.prev = Some((ca, ga));
+            }
+            rms_norm_rows(&mut row, &self.norm, fin.eps);
+            rope_row(&mut row, fin.rope_dim, (state.count * self.ratio) as i32, fin.inv_freq, false);
+            (fin.post_row)(&mut row);
+            state.rows.extend_from_slice(&row);
+            state.count += 1;
+        }
+    }
+
+    /// Softmax-pool one window per channel. Overlapping: slots are the previous window's `Ca`
+    /// (absent for the first window: weight 0, as the reference's −inf gate) then this
+    /// window's `Cb`.
+    fn pool(&self, kv: &[f32], gate: &[f32], prev: Option<&(Vec<f32>, Vec<f32>)>) -> Vec<f32> {
+        let (w, cw, r) = (self.width, self.coff() * self.width, self.ratio);
+        let off = if self.overlap { w } else { 0 };
+        let mut row = vec![0f32; w];
+        let mut slots_v = Vec::with_capacity(2 * r);
+        let mut slots_g = Vec::with_capacity(2 * r);
+        for (c, out) in row.iter_mut().enumerate() {
+            slots_v.clear();
+            slots_g.clear();
+            if let (true, Some((pv, pg))) = (self.overlap, prev) {
+                for t in 0..r {
+                    slots_v.push(pv[t * w + c]);
+                    slots_g.push(pg[t * w + c]);
+                }
+            }
+            for t in 0..r {
+                slots_v.push(kv[t * cw + off + c]);
+                slots_g.push(gate[t * cw + off + c]);
+            }
+            let mx = slots_g.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+            let mut sum = 0f32;
+            let e: Vec<f32> = slots_g.iter().map(|g| (g - mx).exp()).collect();
+            for v in &e {
+                sum += v;
+            }
+            let mut acc = 0f32;
+            for (ev, v) in e.iter().zip(&slots_v) {
+                acc += v * (ev / sum);
+            }
+            *out = acc;
+        }
+        row
+    }
+}
