@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 
+/// A tensor ready to write: name, dtype, shape, little-endian bytes.
+pub type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
 /// SplitMix64: deterministic, dependency-free.
 pub struct Rng(pub u64);
 
@@ -168,8 +171,8 @@ fn specs(c: &Value) -> Vec<(String, Vec<usize>, &'static str)> {
         s.push((format!("{f}.shared_experts.w2.weight"), vec![d, inter], "lin"));
         s.push((format!("{f}.shared_experts.w3.weight"), vec![inter, d], "lin"));
     };
-    for i in 0..n_main {
-        block(&format!("layers.{i}"), ratios[i], i < u(c, "num_hash_layers"), &mut s);
+    for (i, ratio) in ratios.iter().enumerate().take(n_main) {
+        block(&format!("layers.{i}"), *ratio, i < u(c, "num_hash_layers"), &mut s);
     }
     for j in 0..u(c, "num_nextn_predict_layers") {
         let p = format!("mtp.{j}");
@@ -191,7 +194,7 @@ fn specs(c: &Value) -> Vec<(String, Vec<usize>, &'static str)> {
 }
 
 /// Random tensors for `c` (f32 except embeddings/linears in bf16), as (name, dtype, shape, bytes).
-pub fn random_tensors(c: &Value, rng: &mut Rng) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+pub fn random_tensors(c: &Value, rng: &mut Rng) -> Vec<RawTensor> {
     let e = u(c, "n_routed_experts") as u64;
     specs(c)
         .into_iter()
@@ -233,8 +236,8 @@ pub fn random_tensors(c: &Value, rng: &mut Rng) -> Vec<(String, Dtype, Vec<usize
 
 /// Write tensors as safetensors files: one `model.safetensors`, or `shards` files plus
 /// `model.safetensors.index.json`.
-pub fn write_checkpoint(dir: &Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], shards: usize) {
-    let mut groups: Vec<Vec<&(String, Dtype, Vec<usize>, Vec<u8>)>> = vec![Vec::new(); shards.max(1)];
+pub fn write_checkpoint(dir: &Path, tensors: &[RawTensor], shards: usize) {
+    let mut groups: Vec<Vec<&RawTensor>> = vec![Vec::new(); shards.max(1)];
     for (i, t) in tensors.iter().enumerate() {
         groups[i % shards.max(1)].push(t);
     }
