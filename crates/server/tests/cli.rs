@@ -22,3 +22,28 @@ fn unknown_subcommand_fails_with_usage() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage"));
 }
+
+fn fixture(name: &str) -> String {
+    format!("{}/../engine/tests/fixtures/tiny_v4/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn check_parity_passes_on_a_fixture_and_prints_json() {
+    let out = deepinfer(&["check-parity", "--model", &fixture("small")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["passed"], true);
+    for k in ["logits_max_abs_err", "decode_max_abs_err", "layer_out_max_abs_err", "mtp_max_abs_err"] {
+        assert!(v[k].as_f64().is_some_and(|e| e < 1e-4), "{k}: {}", v[k]);
+    }
+    for k in ["router_topk_mismatches", "indexer_topk_mismatches", "greedy_token_mismatches"] {
+        assert_eq!(v[k], 0, "{k}");
+    }
+}
+
+#[test]
+fn check_parity_on_a_missing_directory_fails_with_its_path() {
+    let out = deepinfer(&["check-parity", "--model", "/nonexistent/model-dir"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model-dir"));
+}
