@@ -196,6 +196,72 @@ impl Stream {
         Ok(())
     }
 
+    /// Copy `len` elements of `buf` from offset `src` to offset `dst` (ranges must not overlap),
+    /// stream-ordered. Copy-on-write of KV blocks uses it.
+    pub fn copy_within<T: Element>(&self, buf: &mut DeviceBuffer<T>, src: usize, dst: usize, len: usize) -> Result<()> {
+        let n = buf.len();
+        if src.checked_add(len).is_none_or(|e| e > n) || dst.checked_add(len).is_none_or(|e| e > n) {
+            return Err(FfiError::shape(
+                "copy_within",
+                "len",
+                format!("{len} elements at {src} -> {dst} in a buffer of {n}"),
+            ));
+        }
+        if src < dst + len && dst < src + len {
+            return Err(FfiError::shape(
+                "copy_within",
+                "dst",
+                format!("ranges {src}..+{len} and {dst}..+{len} overlap"),
+            ));
+        }
+        match &mut buf.storage {
+            Storage::Host(v) => v.copy_within(src..src + len, dst),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(d) => {
+                let s = self.cuda_stream("copy_within", "buf")?;
+                let (lo, hi) = if src < dst { (src, dst) } else { (dst, src) };
+                let (a, mut b) = d.split_at_mut(hi);
+                if src < dst {
+                    s.memcpy_dtod(&a.slice(lo..lo + len), &mut b.slice_mut(0..len))?;
+                } else {
+                    let (mut a, b) = (a, b);
+                    s.memcpy_dtod(&b.slice(0..len), &mut a.slice_mut(lo..lo + len))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Read `len` elements at `offset` back to the host (waits for the work before it).
+    pub fn download_range<T: Element>(&self, buf: &DeviceBuffer<T>, offset: usize, len: usize) -> Result<Vec<T>> {
+        if offset.checked_add(len).is_none_or(|e| e > buf.len()) {
+            return Err(FfiError::shape("download_range", "len", format!("{len} at {offset} in {}", buf.len())));
+        }
+        match &buf.storage {
+            Storage::Host(v) => Ok(v[offset..offset + len].to_vec()),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(d) => {
+                Ok(self.cuda_stream("download_range", "buf")?.clone_dtoh(&d.slice(offset..offset + len))?)
+            }
+        }
+    }
+
+    /// Write `data` into `buf` at `offset`.
+    pub fn write_range<T: Element>(&self, buf: &mut DeviceBuffer<T>, offset: usize, data: &[T]) -> Result<()> {
+        if offset.checked_add(data.len()).is_none_or(|e| e > buf.len()) {
+            return Err(FfiError::shape("write_range", "data", format!("{} at {offset} in {}", data.len(), buf.len())));
+        }
+        match &mut buf.storage {
+            Storage::Host(v) => v[offset..offset + data.len()].copy_from_slice(data),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(d) => {
+                let s = self.cuda_stream("write_range", "buf")?;
+                s.memcpy_htod(data, &mut d.slice_mut(offset..offset + data.len()))?
+            }
+        }
+        Ok(())
+    }
+
     /// Copy `buf` back to the host, waiting for the work before it on this stream.
     pub fn download<T: Element>(&self, buf: &DeviceBuffer<T>) -> Result<Vec<T>> {
         match &buf.storage {

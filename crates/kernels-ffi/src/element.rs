@@ -8,6 +8,8 @@ pub enum DType {
     F32,
     BF16,
     I32,
+    /// Raw bytes (KV blocks and state slots).
+    U8,
 }
 
 impl DType {
@@ -17,12 +19,14 @@ impl DType {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
+            DType::U8 => "u8",
         }
     }
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::BF16 => 2,
+            DType::U8 => 1,
         }
     }
 }
@@ -32,6 +36,7 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
     impl Sealed for i32 {}
+    impl Sealed for u8 {}
 }
 
 #[cfg(feature = "cuda")]
@@ -77,5 +82,15 @@ impl Element for i32 {
     }
     fn from_f32(v: f32) -> Self {
         v as i32
+    }
+}
+
+impl Element for u8 {
+    const DTYPE: DType = DType::U8;
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        v as u8
     }
 }

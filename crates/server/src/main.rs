@@ -3,6 +3,7 @@
 
 mod check_parity;
 mod doctor;
+mod kv_cmd;
 
 use std::process::ExitCode;
 
@@ -21,6 +22,9 @@ enum Command {
     Doctor,
     /// Compare the CPU model with a fixture's reference logits; prints JSON, exits 0 only within tolerance.
     CheckParity(check_parity::Args),
+    /// The KV cache system (trace replay).
+    #[command(subcommand)]
+    Kv(kv_cmd::KvCommand),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +32,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Doctor => doctor::run(),
         Command::CheckParity(a) => check_parity::run(a),
+        Command::Kv(c) => kv_cmd::run(c),
     };
     match result {
         Ok(code) => code,
