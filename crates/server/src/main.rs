@@ -4,6 +4,7 @@
 mod check_parity;
 mod doctor;
 mod kv_cmd;
+mod simulate;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,8 @@ enum Command {
     /// The KV cache system (trace replay).
     #[command(subcommand)]
     Kv(kv_cmd::KvCommand),
+    /// Replay a serving trace against prefill/decode replicas; prints TTFT/TPOT/goodput JSON.
+    Simulate(simulate::Args),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
         Command::Doctor => doctor::run(),
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),
+        Command::Simulate(a) => simulate::run(a),
     };
     match result {
         Ok(code) => code,

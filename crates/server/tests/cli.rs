@@ -47,3 +47,32 @@ fn check_parity_on_a_missing_directory_fails_with_its_path() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model-dir"));
 }
+
+const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../kv/tests/fixtures/conversation_trace.jsonl");
+
+#[test]
+fn kv_replay_prints_the_hit_rate() {
+    let out = deepinfer(&["kv", "replay", "--trace", TRACE, "--capacity-blocks", "20000"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"], 12031);
+    assert!(v["hit_rate"].as_f64().unwrap() >= 0.293);
+    let bad = deepinfer(&["kv", "replay", "--trace", TRACE, "--eviction", "random"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--eviction"));
+}
+
+#[test]
+fn simulate_prints_latency_percentiles_and_goodput() {
+    let out = deepinfer(&["simulate", "--trace", TRACE, "--prefill", "2", "--decode", "2", "--max-requests", "500", "--rate-scale", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["completed"], 500);
+    for k in ["ttft_s", "tpot_s"] {
+        for p in ["p50", "p90", "p99"] {
+            assert!(v[k][p].as_f64().is_some(), "{k}.{p}");
+        }
+    }
+    assert!(v["goodput"].as_f64().is_some() && v["utilisation"].as_f64().is_some() && v["prefix_hit_rate"].as_f64().is_some());
+    let bad = deepinfer(&["simulate", "--trace", TRACE, "--policy", "fastest"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--policy"));
+}
