@@ -63,7 +63,19 @@ fn kv_replay_prints_the_hit_rate() {
 
 #[test]
 fn simulate_prints_latency_percentiles_and_goodput() {
-    let out = deepinfer(&["simulate", "--trace", TRACE, "--prefill", "2", "--decode", "2", "--max-requests", "500", "--rate-scale", "8"]);
+    let out = deepinfer(&[
+        "simulate",
+        "--trace",
+        TRACE,
+        "--prefill",
+        "2",
+        "--decode",
+        "2",
+        "--max-requests",
+        "500",
+        "--rate-scale",
+        "8",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["completed"], 500);
@@ -72,7 +84,11 @@ fn simulate_prints_latency_percentiles_and_goodput() {
             assert!(v[k][p].as_f64().is_some(), "{k}.{p}");
         }
     }
-    assert!(v["goodput"].as_f64().is_some() && v["utilisation"].as_f64().is_some() && v["prefix_hit_rate"].as_f64().is_some());
+    assert!(
+        v["goodput"].as_f64().is_some()
+            && v["utilisation"].as_f64().is_some()
+            && v["prefix_hit_rate"].as_f64().is_some()
+    );
     let bad = deepinfer(&["simulate", "--trace", TRACE, "--policy", "fastest"]);
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--policy"));
 }
