@@ -4,6 +4,7 @@
 mod check_parity;
 mod doctor;
 mod kv_cmd;
+mod recipe_cmd;
 mod simulate;
 
 use std::process::ExitCode;
@@ -26,6 +27,9 @@ enum Command {
     /// The KV cache system (trace replay).
     #[command(subcommand)]
     Kv(kv_cmd::KvCommand),
+    /// The API protocol layer (render a request, parse model output).
+    #[command(subcommand)]
+    Recipe(recipe_cmd::RecipeCommand),
     /// Replay a serving trace against prefill/decode replicas; prints TTFT/TPOT/goodput JSON.
     Simulate(simulate::Args),
 }
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),
         Command::Simulate(a) => simulate::run(a),
+        Command::Recipe(c) => recipe_cmd::run(c),
     };
     match result {
         Ok(code) => code,

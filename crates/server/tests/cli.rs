@@ -92,3 +92,54 @@ fn simulate_prints_latency_percentiles_and_goodput() {
     let bad = deepinfer(&["simulate", "--trace", TRACE, "--policy", "fastest"]);
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("--policy"));
 }
+
+fn deepinfer_stdin(args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn recipe_render_prints_prompt_ids_and_encoding() {
+    let out = deepinfer_stdin(
+        &["recipe", "render"],
+        r#"{"model":"DeepSeek-V4-Pro","messages":[{"role":"user","content":"Hi"}]}"#,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["encoding"], "v4");
+    assert!(v["prompt"].as_str().unwrap().ends_with("<｜User｜>Hi<｜Assistant｜><think>"));
+    assert!(v["token_ids"].as_array().is_some_and(|a| !a.is_empty()));
+    // V4.1 needs <｜System｜>, which the vendored V4 tokenizer lacks: ids null, the reason given.
+    let out = deepinfer_stdin(
+        &["recipe", "render"],
+        r#"{"model":"DeepSeek-V4.1-Flash","messages":[{"role":"user","content":"Hi"}]}"#,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["encoding"].as_str(), v["token_ids"].is_null()), (Some("v4.1"), true));
+    assert!(v["encode_error"].as_str().unwrap().contains("<｜System｜>"));
+    // A conversion error prints the error body and exits 1.
+    let out = deepinfer_stdin(&["recipe", "render"], r#"{"model":"nope","messages":[{"role":"user","content":"Hi"}]}"#);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
+}
+
+#[test]
+fn recipe_parse_prints_events_and_response() {
+    let doc = r#"{"request":{"model":"DeepSeek-V4-Pro","messages":[{"role":"user","content":"Hi"}]},"model_output":["Thinking.</th","ink>Hello!"]}"#;
+    let out = deepinfer_stdin(&["recipe", "parse", "--protocol", "chat"], doc);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let msg = &v["response"]["choices"][0]["message"];
+    assert_eq!(msg["content"], "Hello!");
+    assert_eq!(msg["reasoning_content"], "Thinking.");
+    assert!(v["events"].as_array().unwrap().len() >= 3);
+}
