@@ -53,6 +53,7 @@ impl TokenizerEnv for Env {
 #[derive(Clone)]
 pub struct GrammarEnv {
     factory: Arc<ParserFactory>,
+    dsml: Option<u32>,
 }
 
 impl GrammarEnv {
@@ -83,12 +84,12 @@ impl GrammarEnv {
         let env: TokEnv = Arc::new(Env { trie, tok: tok.clone() });
         let factory =
             ParserFactory::new_simple(&env).map_err(|e| RecipeError::Tokenizer(format!("grammar setup: {e}")))?;
-        Ok(GrammarEnv { factory: Arc::new(factory) })
+        Ok(GrammarEnv { factory: Arc::new(factory), dsml: tok.special_id("｜DSML｜") })
     }
 
     /// A matcher enforcing `c` from the first output token of the constrained region.
     pub fn matcher(&self, c: &Constraint) -> Result<Matcher, RecipeError> {
-        let grammar = grammar_of(c)?;
+        let grammar = grammar_of(c, self.dsml)?;
         let parser = self.factory.create_parser(grammar);
         let m = Matcher::new(parser);
         if let Some(e) = m.get_error() {
@@ -106,10 +107,20 @@ fn lark_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
+/// A Lark string literal for `text` in which every `｜DSML｜` is the control token (the V4
+/// template renders the marker as a token, so a model emits its id, never its characters).
+fn dsml_literal(text: &str, dsml: Option<u32>) -> String {
+    match dsml {
+        Some(id) => text.split("｜DSML｜").map(lark_str).collect::<Vec<_>>().join(&format!(" <[{id}]> ")),
+        None => lark_str(text),
+    }
+}
+
 /// The DSML tool-call block (the V4 encoding's format) as a Lark grammar over `tools` (a JSON
 /// list of {"type": "function", "function": {"name", "parameters"}}): one or more invocations of
-/// declared tools with declared parameter names.
-fn tool_call_grammar(schema: &str) -> Result<String, RecipeError> {
+/// declared tools with declared parameter names. `dsml` is the id of the `｜DSML｜` token.
+fn tool_call_grammar(schema: &str, dsml: Option<u32>) -> Result<String, RecipeError> {
+    let d = |t: &str| dsml_literal(t, dsml);
     let tools: Vec<Value> =
         serde_json::from_str(schema).map_err(|e| RecipeError::Stream(format!("tool_call schema: {e}")))?;
     let mut invokes = Vec::new();
@@ -123,8 +134,13 @@ fn tool_call_grammar(schema: &str) -> Result<String, RecipeError> {
             .unwrap_or_default();
         let pname = if params.is_empty() { "\"\"".to_string() } else { params.join(" | ") };
         rules.push_str(&format!(
-            "inv{i}: {} param{i}* \"</｜DSML｜invoke>\\n\"\nparam{i}: \"<｜DSML｜parameter name=\\\"\" ({pname}) \"\\\" string=\\\"\" (\"true\" | \"false\") \"\\\">\" VALUE \"</｜DSML｜parameter>\\n\"\n",
-            lark_str(&format!("<｜DSML｜invoke name=\"{name}\">\n"))
+            "inv{i}: {} param{i}* {}\nparam{i}: {} ({pname}) {} (\"true\" | \"false\") {} VALUE {}\n",
+            d(&format!("<｜DSML｜invoke name=\"{name}\">\n")),
+            d("</｜DSML｜invoke>\n"),
+            d("<｜DSML｜parameter name=\""),
+            d("\" string=\""),
+            d("\">"),
+            d("</｜DSML｜parameter>\n"),
         ));
         invokes.push(format!("inv{i}"));
     }
@@ -132,12 +148,14 @@ fn tool_call_grammar(schema: &str) -> Result<String, RecipeError> {
         return Err(RecipeError::Stream("tool_call constraint without tools".into()));
     }
     Ok(format!(
-        "start: \"<｜DSML｜tool_calls>\\n\" invoke+ \"</｜DSML｜tool_calls>\"\ninvoke: {}\n{rules}VALUE: /[^<]*/\n",
+        "start: {} invoke+ {}\ninvoke: {}\n{rules}VALUE: /[^<]*/\n",
+        d("<｜DSML｜tool_calls>\n"),
+        d("</｜DSML｜tool_calls>"),
         invokes.join(" | ")
     ))
 }
 
-fn grammar_of(c: &Constraint) -> Result<TopLevelGrammar, RecipeError> {
+fn grammar_of(c: &Constraint, dsml: Option<u32>) -> Result<TopLevelGrammar, RecipeError> {
     Ok(match c.kind.as_str() {
         "json" | "json_object" | "json_schema" => {
             let schema = serde_json::from_str::<Value>(&c.schema)
@@ -147,7 +165,7 @@ fn grammar_of(c: &Constraint) -> Result<TopLevelGrammar, RecipeError> {
         }
         "regex" => TopLevelGrammar::from_regex(&c.schema),
         "lark" | "ebnf" => TopLevelGrammar::from_lark(c.schema.clone()),
-        "tool_call" => TopLevelGrammar::from_lark(tool_call_grammar(&c.schema)?),
+        "tool_call" => TopLevelGrammar::from_lark(tool_call_grammar(&c.schema, dsml)?),
         other => {
             return Err(RecipeError::Conversion {
                 status: 400,

@@ -12,7 +12,17 @@ fn env() -> (DeepseekTokenizer, GrammarEnv) {
 /// Feed `text`'s tokens through the matcher: Ok(accepting at the end) when every token is in the
 /// mask, Err(index) at the first token the mask refuses.
 fn run(tok: &DeepseekTokenizer, g: &GrammarEnv, c: &Constraint, text: &str) -> Result<bool, usize> {
-    let ids = tok.encode_batch(&[text.to_string()]).unwrap().remove(0);
+    // As a model emits it: the `｜DSML｜` marker is its control token, the rest plain text.
+    let dsml = tok.special_id("｜DSML｜").unwrap();
+    let parts: Vec<String> = text.split("｜DSML｜").map(str::to_string).collect();
+    let enc = tok.encode_batch(&parts).unwrap();
+    let mut ids = Vec::new();
+    for (i, p) in enc.into_iter().enumerate() {
+        if i > 0 {
+            ids.push(dsml);
+        }
+        ids.extend(p);
+    }
     let mut m = g.matcher(c).unwrap();
     for (i, t) in ids.iter().enumerate() {
         let mask = m.compute_mask().unwrap();
