@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--trace", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--azure", help="Azure LLM 2023 CSV trace, for one more section")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     sections = []
@@ -47,6 +48,11 @@ def main():
     rows = [run(a.bin, a.trace, "--prefill", "2", "--decode", "2", "--rate-scale", "12", "--prefix-cache-blocks", c) for c in ["0", "1000", "5000", "20000", "100000", "unlimited"]]
     sections.append(("TTFT against prefix-cache capacity (2P + 2D, rate x12)", rows))
     raw += rows
+    if a.azure:
+        rows = [run(a.bin, a.azure, "--prefill", "2", "--decode", "2", "--policy", p, "--rate-scale", "4") for p in policies[:3]]
+        rows += [run(a.bin, a.azure, "--prefill", "2", "--decode", "2", "--colocated", "--policy", p, "--rate-scale", "4") for p in policies[:3]]
+        sections.append(("Azure LLM 2023 conversation trace (no prefix data), 4 replicas, rate x4", rows))
+        raw += rows
     with open(os.path.join(a.out, "simulate.jsonl"), "w") as f:
         for r in raw:
             f.write(json.dumps(r) + "\n")

@@ -506,20 +506,29 @@ impl Scheduler {
                 self.entries[&id].req.computed
             };
             let pending = self.entries[&id].known().saturating_sub(computed);
+            if new && pending <= 1 {
+                // Its KV is all there (swapped back, or prefilled by another replica): it decodes
+                // in this very step. (Admitting it without work would leave an empty step.)
+                let spec = self.cfg.lookahead.min(budget.saturating_sub(1));
+                if !self.reserve(id, computed + 1 + spec) {
+                    break;
+                }
+                let e = self.entries.get_mut(&id).expect("waiting ids are entries");
+                e.req.computed = computed;
+                e.swapped = 0;
+                e.req.phase = Phase::Decoding;
+                self.set_running(id, true);
+                budget -= 1 + spec;
+                step_load = step_load.plus(self.cost.item_load(StepItem { tokens: 1 + spec, context: computed }));
+                items.push(Scheduled { id, kind: ItemKind::Decode, tokens: 1, spec, context: computed, samples: true });
+                continue;
+            }
             let mut n = pending.min(budget);
             if let Some(t) = self.cfg.step_time_budget {
                 n = self.cost.chunk_for_budget_load(step_load, computed, n, t);
             }
             // Running prefills may preempt lower-ranked requests; admissions only take free blocks.
-            let n = if pending <= 1 && new {
-                if self.reserve(id, computed) {
-                    0
-                } else {
-                    break;
-                }
-            } else {
-                self.reserve_chunk(id, computed, n, !new, now, &mut preempted)
-            };
+            let n = self.reserve_chunk(id, computed, n, !new, now, &mut preempted);
             if new {
                 if n == 0 && pending > 1 {
                     self.release_to(id, 0);
@@ -528,7 +537,7 @@ impl Scheduler {
                 let e = self.entries.get_mut(&id).expect("waiting ids are entries");
                 e.req.computed = computed;
                 e.swapped = 0;
-                e.req.phase = if pending <= 1 { Phase::Decoding } else { Phase::Prefilling };
+                e.req.phase = Phase::Prefilling;
                 self.set_running(id, true);
             }
             if n == 0 || !self.is_running(id) {

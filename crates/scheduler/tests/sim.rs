@@ -21,7 +21,7 @@ fn every_request_completes_disaggregated_and_colocated() {
         for policy in [Policy::Ours, Policy::LeastLoaded, Policy::RoundRobin, Policy::CacheAffinity] {
             let cfg = SimConfig { prefill: 2, decode: 2, colocated, policy, ..SimConfig::default() };
             let r = simulate(&t, &cfg);
-            assert_eq!((r.completed, r.rejected), (200, 0), "{policy:?} colocated={colocated}");
+            assert_eq!((r.completed, r.rejected, r.unfinished), (200, 0, 0), "{policy:?} colocated={colocated}");
             assert!(r.ttft_s.p50 > 0.0 && r.tpot_s.p50 > 0.0);
             assert!(r.prefix_hit_rate > 0.0, "shared first blocks hit the cache");
             assert!(r.utilisation > 0.0 && r.utilisation <= 1.0 + 1e-9);

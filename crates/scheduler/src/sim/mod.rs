@@ -84,6 +84,8 @@ pub struct SimReport {
     pub requests: usize,
     pub completed: usize,
     pub rejected: usize,
+    /// Requests still in a scheduler when events ran out (a stall: should be 0).
+    pub unfinished: usize,
     pub ttft_s: Percentiles,
     pub tpot_s: Percentiles,
     /// Share of all requests that completed with TTFT <= ttft_slo and TPOT <= tpot_slo.
@@ -357,6 +359,7 @@ pub fn simulate(reqs: &[SimRequest], cfg: &SimConfig) -> SimReport {
         requests: reqs.len(),
         completed: ttft.len(),
         rejected: sim.track.iter().filter(|t| t.rejected).count(),
+        unfinished: sim.replicas.iter().map(|r| r.sched.len()).sum(),
         goodput: good as f64 / reqs.len().max(1) as f64,
         ttft_s: percentiles(ttft),
         tpot_s: percentiles(tpot),
