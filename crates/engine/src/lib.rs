@@ -7,9 +7,13 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod engine;
 pub mod model;
 pub mod parity;
 pub mod quant;
+pub mod sampler;
+pub mod tiny;
 
 pub use config::{AttentionKind, ConfigError, ModelConfig};
+pub use engine::{Engine, EngineConfig, EngineStats, FinishReason, GenerateOutput, GenerateRequest};
 pub use model::{Model, ModelError, Numerics, SeqOutput, SequenceState, Trace};

@@ -80,7 +80,7 @@ fn corrupt_and_mismatched_checkpoints_are_named_errors() {
     let n = tensors[i].2[0];
     tensors[i].1 = safetensors::tensor::Dtype::I32;
     tensors[i].3 = vec![0u8; n * 4];
-    support::write_checkpoint(&d, &tensors, 1);
+    support::write_checkpoint(&d, &tensors, 1).unwrap();
     let e = load_err(&d);
     assert!(e.contains("norm.weight") && e.contains("I32"), "{e}");
 
@@ -89,7 +89,7 @@ fn corrupt_and_mismatched_checkpoints_are_named_errors() {
     std::fs::write(d.join("config.json"), c.to_string()).unwrap();
     let tensors: Vec<_> =
         support::random_tensors(&c, &mut Rng(1)).into_iter().filter(|t| t.0 != "layers.0.attn.wkv.weight").collect();
-    support::write_checkpoint(&d, &tensors, 1);
+    support::write_checkpoint(&d, &tensors, 1).unwrap();
     assert!(load_err(&d).contains("layers.0.attn.wkv.weight"));
 
     // No checkpoint at all, and a config that is not V4.

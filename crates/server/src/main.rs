@@ -3,6 +3,7 @@
 
 mod check_parity;
 mod doctor;
+mod generate;
 mod kv_cmd;
 mod recipe_cmd;
 mod simulate;
@@ -20,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text from prompts with the engine (CPU model).
+    Generate(generate::Args),
     /// Report the build accelerator, embedded kernels, driver, GPUs and loaded CUDA libraries.
     Doctor,
     /// Compare the CPU model with a fixture's reference logits; prints JSON, exits 0 only within tolerance.
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Doctor => doctor::run(),
+        Command::Generate(a) => generate::run(a),
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),
         Command::Simulate(a) => simulate::run(a),

@@ -143,3 +143,19 @@ fn recipe_parse_prints_events_and_response() {
     assert_eq!(msg["reasoning_content"], "Thinking.");
     assert!(v["events"].as_array().unwrap().len() >= 3);
 }
+
+#[test]
+fn generate_runs_the_builtin_model_and_names_bad_input() {
+    let out = deepinfer(&["generate", "--prompt", "Hello", "--max-tokens", "5", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 5);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the text is noise") && err.contains("generated tokens 5"), "{err}");
+    let bad = deepinfer(&["generate", "--prompt", "Hello", "--temperature", "5", "--output", "json"]);
+    assert!(!bad.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&bad.stdout).unwrap();
+    assert!(v["error"].as_str().unwrap().contains("temperature"), "{v}");
+    let missing = deepinfer(&["generate", "--prompt", "x", "--model", "/nonexistent/m"]);
+    assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/m"));
+}

@@ -1,0 +1,241 @@
+//! Token sampling: penalties, temperature, top-k, top-p, min-p, then a draw from a counter-based
+//! random number keyed by (seed, position), so a request's tokens do not depend on what else is in
+//! the batch or on the order requests are processed (deterministic mode). Log-probabilities of the
+//! chosen token and the most likely alternatives come from the distribution after penalties and
+//! temperature, before truncation (as OpenAI reports them).
+
+use serde::Serialize;
+
+/// Sampling parameters of one request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SamplingParams {
+    /// 0 (or below 1e-5): greedy.
+    pub temperature: f32,
+    /// 0: off.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: u64,
+    /// Alternatives reported per token (0: only the chosen token's log-probability).
+    pub top_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// An invalid sampling parameter, named.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("sampling parameter `{field}`: {problem}")]
+pub struct SamplingError {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl SamplingParams {
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let bad = |field, problem: String| Err(SamplingError { field, problem });
+        if !self.temperature.is_finite() || self.temperature < 0.0 || self.temperature > 2.0 {
+            return bad("temperature", format!("{} is not in [0, 2]", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", format!("{} is not in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", format!("{} is not in [0, 1]", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", format!("{} must be positive", self.repetition_penalty));
+        }
+        for (f, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(f, format!("{v} is not in [-2, 2]"));
+            }
+        }
+        if self.top_logprobs > 20 {
+            return bad("top_logprobs", format!("{} is more than 20", self.top_logprobs));
+        }
+        Ok(())
+    }
+}
+
+/// The chosen token and its log-probabilities.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sample {
+    pub token: u32,
+    pub logprob: f32,
+    /// (token, logprob), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A uniform number in [0, 1) that depends only on (seed, position).
+pub fn uniform(seed: u64, position: u64) -> f64 {
+    let mut z = seed ^ position.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    for _ in 0..2 {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+    }
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Sample from `logits` for the token at `position` of a request that has produced `history`.
+/// `allowed`, when given, masks tokens (structured output); an all-false mask is an error.
+pub fn sample(
+    logits: &[f32],
+    history: &[u32],
+    p: &SamplingParams,
+    position: u64,
+    allowed: Option<&[bool]>,
+) -> Option<Sample> {
+    let mut l: Vec<f64> = logits.iter().map(|v| *v as f64).collect();
+    // Penalties over the generated history (OpenAI presence/frequency, HF repetition).
+    if !history.is_empty() && (p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) {
+        let mut counts = std::collections::HashMap::new();
+        for t in history {
+            *counts.entry(*t as usize).or_insert(0u32) += 1;
+        }
+        for (t, c) in counts {
+            if let Some(v) = l.get_mut(t) {
+                if p.repetition_penalty != 1.0 {
+                    let r = p.repetition_penalty as f64;
+                    *v = if *v > 0.0 { *v / r } else { *v * r };
+                }
+                *v -= p.presence_penalty as f64 + p.frequency_penalty as f64 * c as f64;
+            }
+        }
+    }
+    if let Some(mask) = allowed {
+        for (v, ok) in l.iter_mut().zip(mask) {
+            if !ok {
+                *v = f64::NEG_INFINITY;
+            }
+        }
+        if l.iter().all(|v| *v == f64::NEG_INFINITY) {
+            return None;
+        }
+    }
+    let greedy = p.temperature < 1e-5;
+    let t = if greedy { 1.0 } else { p.temperature as f64 };
+    let mx = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = mx + l.iter().map(|v| ((v - mx) / t).exp()).sum::<f64>().ln() * t;
+    let logprob = |v: f64| ((v - lse) / t) as f32;
+    // Candidates by descending logit, ties to the lower id (a fixed order: no batch dependence).
+    let mut order: Vec<usize> = (0..l.len()).filter(|i| l[*i] > f64::NEG_INFINITY).collect();
+    order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
+    let top: Vec<(u32, f32)> = order.iter().take(p.top_logprobs).map(|i| (*i as u32, logprob(l[*i]))).collect();
+    let chosen = if greedy {
+        order[0]
+    } else {
+        let mut cand = order.clone();
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+        let probs: Vec<f64> = cand.iter().map(|i| ((l[*i] - mx) / t).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        let mut keep = cand.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (k, pr) in probs.iter().enumerate() {
+                acc += pr / total;
+                if acc >= p.top_p as f64 {
+                    keep = k + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|pr| **pr >= floor).count().max(1));
+        }
+        let kept: f64 = probs[..keep].iter().sum();
+        let mut u = uniform(p.seed, position) * kept;
+        let mut pick = cand[keep - 1];
+        for (k, pr) in probs[..keep].iter().enumerate() {
+            if u < *pr {
+                pick = cand[k];
+                break;
+            }
+            u -= pr;
+        }
+        pick
+    };
+    Some(Sample { token: chosen as u32, logprob: logprob(l[chosen]), top })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_argmax_and_ties_go_low() {
+        let p = SamplingParams { temperature: 0.0, ..Default::default() };
+        assert_eq!(sample(&[0.1, 3.0, 3.0, -1.0], &[], &p, 0, None).unwrap().token, 1);
+    }
+
+    #[test]
+    fn same_seed_and_position_same_token() {
+        let p = SamplingParams { temperature: 1.0, seed: 42, ..Default::default() };
+        let l: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
+        let a: Vec<u32> = (0..50).map(|pos| sample(&l, &[], &p, pos, None).unwrap().token).collect();
+        let b: Vec<u32> = (0..50).map(|pos| sample(&l, &[], &p, pos, None).unwrap().token).collect();
+        assert_eq!(a, b);
+        let other = SamplingParams { seed: 43, ..p.clone() };
+        let c: Vec<u32> = (0..50).map(|pos| sample(&l, &[], &other, pos, None).unwrap().token).collect();
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        // Two tokens with probabilities 0.8 / 0.2: frequencies over 20,000 draws within 1%.
+        let l = [(0.8f32).ln(), (0.2f32).ln()];
+        let p = SamplingParams { seed: 7, ..Default::default() };
+        let ones = (0..20_000).filter(|pos| sample(&l, &[], &p, *pos, None).unwrap().token == 1).count();
+        assert!((ones as f64 / 20_000.0 - 0.2).abs() < 0.01, "{ones}");
+    }
+
+    #[test]
+    fn truncation_and_masks() {
+        let l = [5.0f32, 4.0, 0.0, -3.0];
+        let top1 = SamplingParams { top_k: 1, seed: 3, ..Default::default() };
+        assert!((0..100).all(|pos| sample(&l, &[], &top1, pos, None).unwrap().token == 0));
+        let minp = SamplingParams { min_p: 0.5, seed: 3, ..Default::default() };
+        assert!((0..200).all(|pos| sample(&l, &[], &minp, pos, None).unwrap().token == 0), "exp(-1) < 0.5");
+        let mask = [false, false, true, true];
+        let g = SamplingParams { temperature: 0.0, ..Default::default() };
+        assert_eq!(sample(&l, &[], &g, 0, Some(&mask)).unwrap().token, 2);
+        assert!(sample(&l, &[], &g, 0, Some(&[false; 4])).is_none());
+        let pen =
+            SamplingParams { temperature: 0.0, presence_penalty: 2.0, frequency_penalty: 0.0, ..Default::default() };
+        assert_eq!(sample(&[1.0, 0.5], &[0], &pen, 0, None).unwrap().token, 1);
+    }
+
+    #[test]
+    fn invalid_values_name_the_field() {
+        assert_eq!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err().field, "top_p");
+        assert_eq!(
+            SamplingParams { temperature: -1.0, ..Default::default() }.validate().unwrap_err().field,
+            "temperature"
+        );
+        assert_eq!(
+            SamplingParams { top_logprobs: 50, ..Default::default() }.validate().unwrap_err().field,
+            "top_logprobs"
+        );
+    }
+}

@@ -1,0 +1,283 @@
+//! Tiny random DeepSeek-V4 checkpoints under the official names, written as real safetensors
+//! files (single or sharded with an index): the engine's built-in default model until a trained
+//! one lands (its text is noise), and the tests' source of configurations other than the
+//! fixtures'. Deterministic for a seed.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::{json, Value};
+
+/// A tensor ready to write: name, dtype, shape, little-endian bytes.
+pub type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+/// SplitMix64: deterministic, dependency-free.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Roughly normal (sum of uniforms), mean 0, sd ~1.
+    pub fn normal(&mut self) -> f32 {
+        (0..4).map(|_| self.unit()).sum::<f32>() * 1.732 - 3.464
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// A random small V4 config (official keys).
+pub fn random_config(rng: &mut Rng) -> Value {
+    let layers = 2 + rng.below(3) as usize;
+    let mut ratios: Vec<u64> = (0..layers).map(|_| [0u64, 4, 128][rng.below(3) as usize]).collect();
+    ratios.push(0); // MTP layer: sliding
+    let head_dim = [16u64, 32][rng.below(2) as usize];
+    let mut pick = |choices: &[u64]| choices[rng.below(choices.len() as u64) as usize];
+    let (hidden, heads, rope) = (pick(&[32, 64]), pick(&[2, 4]), pick(&[4, 8]));
+    let (hca, hc) = (pick(&[4, 8]), pick(&[2, 4]));
+    let (vocab, window, topk, iters, hash) =
+        (40 + rng.below(40), 2 + rng.below(6), 1 + rng.below(3), 1 + rng.below(20), rng.below(2));
+    json!({
+        "model_type": "deepseek_v4",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 1,
+        "head_dim": head_dim,
+        "qk_rope_head_dim": rope,
+        "q_lora_rank": 16,
+        "o_groups": 2,
+        "o_lora_rank": 8,
+        "sliding_window": window,
+        "compress_ratios": ratios,
+        "compress_rate_hca": hca,
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+        "index_topk": topk,
+        "hc_mult": hc,
+        "hc_sinkhorn_iters": iters,
+        "hc_eps": 1e-6,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 16,
+        "num_hash_layers": hash,
+        "routed_scaling_factor": 1.5,
+        "swiglu_limit": 1.5,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000,
+        "compress_rope_theta": 160000,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1},
+        "num_nextn_predict_layers": 1
+    })
+}
+
+/// A field of a config made by this module (random_config / builtin_config).
+fn u(v: &Value, k: &str) -> usize {
+    v[k].as_u64().unwrap() as usize
+}
+
+/// (name, shape, kind) of every tensor, as make_tiny_v4.py's `official_param_specs`.
+fn specs(c: &Value) -> Vec<(String, Vec<usize>, &'static str)> {
+    let (d, v, h, hd) = (u(c, "hidden_size"), u(c, "vocab_size"), u(c, "num_attention_heads"), u(c, "head_dim"));
+    let (qr, og, olr, inter, e, k) = (
+        u(c, "q_lora_rank"),
+        u(c, "o_groups"),
+        u(c, "o_lora_rank"),
+        u(c, "moe_intermediate_size"),
+        u(c, "n_routed_experts"),
+        u(c, "num_experts_per_tok"),
+    );
+    let (hc, ih, ihd) = (u(c, "hc_mult"), u(c, "index_n_heads"), u(c, "index_head_dim"));
+    let hca = c.get("compress_rate_hca").and_then(Value::as_u64).unwrap_or(128) as usize;
+    let mix = (2 + hc) * hc;
+    let ratios: Vec<usize> =
+        c["compress_ratios"].as_array().unwrap().iter().map(|r| r.as_u64().unwrap() as usize).collect();
+    let n_main = u(c, "num_hidden_layers");
+    let mut s: Vec<(String, Vec<usize>, &str)> = vec![
+        ("embed.weight".into(), vec![v, d], "embed"),
+        ("head.weight".into(), vec![v, d], "lin"),
+        ("norm.weight".into(), vec![d], "norm"),
+        ("hc_head_fn".into(), vec![hc, hc * d], "hcfn"),
+        ("hc_head_base".into(), vec![hc], "hcbase"),
+        ("hc_head_scale".into(), vec![1], "hcscale"),
+    ];
+    let block = |p: &str, ratio: usize, hash: bool, s: &mut Vec<(String, Vec<usize>, &'static str)>| {
+        s.push((format!("{p}.attn_norm.weight"), vec![d], "norm"));
+        s.push((format!("{p}.ffn_norm.weight"), vec![d], "norm"));
+        for w in ["attn", "ffn"] {
+            s.push((format!("{p}.hc_{w}_fn"), vec![mix, hc * d], "hcfn"));
+            s.push((format!("{p}.hc_{w}_base"), vec![mix], "hcbase"));
+            s.push((format!("{p}.hc_{w}_scale"), vec![3], "hcscale"));
+        }
+        let a = format!("{p}.attn");
+        s.push((format!("{a}.attn_sink"), vec![h], "sink"));
+        s.push((format!("{a}.wq_a.weight"), vec![qr, d], "lin"));
+        s.push((format!("{a}.q_norm.weight"), vec![qr], "norm"));
+        s.push((format!("{a}.wq_b.weight"), vec![h * hd, qr], "lin"));
+        s.push((format!("{a}.wkv.weight"), vec![hd, d], "lin"));
+        s.push((format!("{a}.kv_norm.weight"), vec![hd], "norm"));
+        s.push((format!("{a}.wo_a.weight"), vec![og * olr, h * hd / og], "lin"));
+        s.push((format!("{a}.wo_b.weight"), vec![d, og * olr], "lin"));
+        if ratio > 0 {
+            let r = if ratio == 128 { hca } else { ratio };
+            let coff = if ratio == 4 { 2 } else { 1 };
+            s.push((format!("{a}.compressor.ape"), vec![r, coff * hd], "ape"));
+            s.push((format!("{a}.compressor.wkv.weight"), vec![coff * hd, d], "lin"));
+            s.push((format!("{a}.compressor.wgate.weight"), vec![coff * hd, d], "lin"));
+            s.push((format!("{a}.compressor.norm.weight"), vec![hd], "norm"));
+            if ratio == 4 {
+                s.push((format!("{a}.indexer.wq_b.weight"), vec![ih * ihd, qr], "lin"));
+                s.push((format!("{a}.indexer.weights_proj.weight"), vec![ih, d], "lin"));
+                s.push((format!("{a}.indexer.compressor.ape"), vec![4, 2 * ihd], "ape"));
+                s.push((format!("{a}.indexer.compressor.wkv.weight"), vec![2 * ihd, d], "lin"));
+                s.push((format!("{a}.indexer.compressor.wgate.weight"), vec![2 * ihd, d], "lin"));
+                s.push((format!("{a}.indexer.compressor.norm.weight"), vec![ihd], "norm"));
+            }
+        }
+        let f = format!("{p}.ffn");
+        s.push((format!("{f}.gate.weight"), vec![e, d], "lin"));
+        if hash {
+            s.push((format!("{f}.gate.tid2eid"), vec![v, k], "tid2eid"));
+        } else {
+            s.push((format!("{f}.gate.bias"), vec![e], "gbias"));
+        }
+        for x in 0..e {
+            s.push((format!("{f}.experts.{x}.w1.weight"), vec![inter, d], "lin"));
+            s.push((format!("{f}.experts.{x}.w2.weight"), vec![d, inter], "lin"));
+            s.push((format!("{f}.experts.{x}.w3.weight"), vec![inter, d], "lin"));
+        }
+        s.push((format!("{f}.shared_experts.w1.weight"), vec![inter, d], "lin"));
+        s.push((format!("{f}.shared_experts.w2.weight"), vec![d, inter], "lin"));
+        s.push((format!("{f}.shared_experts.w3.weight"), vec![inter, d], "lin"));
+    };
+    for (i, ratio) in ratios.iter().enumerate().take(n_main) {
+        block(&format!("layers.{i}"), *ratio, i < u(c, "num_hash_layers"), &mut s);
+    }
+    for j in 0..u(c, "num_nextn_predict_layers") {
+        let p = format!("mtp.{j}");
+        block(&p, ratios[n_main + j], false, &mut s);
+        for (n, sh, kind) in [
+            ("e_proj.weight", vec![d, d], "lin"),
+            ("h_proj.weight", vec![d, d], "lin"),
+            ("enorm.weight", vec![d], "norm"),
+            ("hnorm.weight", vec![d], "norm"),
+            ("norm.weight", vec![d], "norm"),
+            ("hc_head_fn", vec![hc, hc * d], "hcfn"),
+            ("hc_head_base", vec![hc], "hcbase"),
+            ("hc_head_scale", vec![1], "hcscale"),
+        ] {
+            s.push((format!("{p}.{n}"), sh, kind));
+        }
+    }
+    s
+}
+
+/// Random tensors for `c` (f32 except embeddings/linears in bf16), as (name, dtype, shape, bytes).
+pub fn random_tensors(c: &Value, rng: &mut Rng) -> Vec<RawTensor> {
+    let e = u(c, "n_routed_experts") as u64;
+    specs(c)
+        .into_iter()
+        .map(|(name, shape, kind)| {
+            let n: usize = shape.iter().product();
+            let fan_in = *shape.last().unwrap() as f32;
+            if kind == "tid2eid" {
+                let k = shape[1];
+                let mut bytes = Vec::new();
+                for _ in 0..shape[0] {
+                    let mut row: Vec<i64> = (0..e as i64).collect();
+                    for i in (1..row.len()).rev() {
+                        row.swap(i, rng.below(i as u64 + 1) as usize);
+                    }
+                    row[..k].iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+                }
+                return (name, Dtype::I64, shape, bytes);
+            }
+            let vals: Vec<f32> = (0..n)
+                .map(|_| match kind {
+                    "lin" | "hcfn" => rng.normal() / fan_in.sqrt(),
+                    "embed" | "sink" => rng.normal(),
+                    "norm" => 1.0 + 0.1 * rng.normal(),
+                    "hcbase" | "ape" => 0.5 * rng.normal(),
+                    "hcscale" => 0.5 + rng.unit(),
+                    "gbias" => 0.3 * rng.normal(),
+                    _ => unreachable!("{kind}"),
+                })
+                .collect();
+            if matches!(kind, "lin" | "embed" | "norm") {
+                let b: Vec<u8> = vals.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+                (name, Dtype::BF16, shape, b)
+            } else {
+                (name, Dtype::F32, shape, vals.iter().flat_map(|v| v.to_le_bytes()).collect())
+            }
+        })
+        .collect()
+}
+
+/// Write tensors as safetensors files: one `model.safetensors`, or `shards` files plus
+/// `model.safetensors.index.json`.
+pub fn write_checkpoint(dir: &Path, tensors: &[RawTensor], shards: usize) -> std::io::Result<()> {
+    let mut groups: Vec<Vec<&RawTensor>> = vec![Vec::new(); shards.max(1)];
+    for (i, t) in tensors.iter().enumerate() {
+        groups[i % shards.max(1)].push(t);
+    }
+    let mut weight_map = serde_json::Map::new();
+    for (gi, g) in groups.iter().enumerate() {
+        let file = if shards <= 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{shards:05}.safetensors", gi + 1)
+        };
+        let views = g
+            .iter()
+            .map(|(n, dt, sh, b)| TensorView::new(*dt, sh.clone(), b).map(|v| (n.clone(), v)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(std::io::Error::other)?;
+        let bytes =
+            safetensors::tensor::serialize(views, None::<HashMap<String, String>>).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join(&file), bytes)?;
+        for (n, ..) in g {
+            weight_map.insert(n.clone(), json!(file));
+        }
+    }
+    if shards > 1 {
+        let idx = json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(dir.join("model.safetensors.index.json"), idx.to_string())?;
+    }
+    Ok(())
+}
+
+/// Write a random model for `c` (config.json + checkpoint) into `dir`.
+pub fn write_model(dir: &Path, c: &Value, seed: u64, shards: usize) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.json"), c.to_string())?;
+    let tensors = random_tensors(c, &mut Rng(seed));
+    write_checkpoint(dir, &tensors, shards)
+}
+
+/// The built-in default: a 2-layer model (one CSA, one HCA layer, one hash layer, MTP) with the
+/// DeepSeek V4 tokenizer's 129,280-token vocabulary and deterministic random weights.
+pub fn builtin_config() -> Value {
+    json!({
+        "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "qk_rope_head_dim": 8,
+        "q_lora_rank": 16, "o_groups": 2, "o_lora_rank": 8, "sliding_window": 16,
+        "compress_ratios": [4, 128, 0], "compress_rate_hca": 16, "index_n_heads": 2, "index_head_dim": 16,
+        "index_topk": 4, "hc_mult": 2, "hc_sinkhorn_iters": 10, "hc_eps": 1e-6, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 16, "num_hash_layers": 1,
+        "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "rms_norm_eps": 1e-6, "rope_theta": 10000,
+        "compress_rope_theta": 160000, "rope_scaling": {"type": "yarn", "factor": 16,
+        "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
+        "num_nextn_predict_layers": 1, "bos_token_id": 0, "eos_token_id": 1
+    })
+}
