@@ -6,22 +6,23 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use deepinfer_kernels_ffi::testing::SplitMix;
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 
 /// A tensor ready to write: name, dtype, shape, little-endian bytes.
 pub type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
 
-/// SplitMix64: deterministic, dependency-free.
+/// Deterministic random numbers for weights: `kernels-ffi`'s SplitMix64 (the state is the seed
+/// it advances), with the distributions the generator needs.
 pub struct Rng(pub u64);
 
 impl Rng {
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        let mut s = SplitMix(self.0);
+        let v = s.next_u64();
+        self.0 = s.0;
+        v
     }
     pub fn unit(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
