@@ -2,8 +2,10 @@
 //! executor that runs varlen batches, the sampler, and the engine loop with its offline and
 //! streaming APIs.
 //!
-//! Today: the configuration, the checkpoint loader and the CPU model with incremental decoding,
-//! plus the parity check against the reference implementation's fixtures.
+//! Today: the configuration, the checkpoint loader, the CPU model with incremental decoding and
+//! its parity check against the reference implementation's fixtures, the sampler, and the engine
+//! loop (`engine`: planner and executor threads, prefix reuse with replay, structured output,
+//! streaming).
 
 pub mod checkpoint;
 pub mod config;
@@ -15,5 +17,7 @@ pub mod sampler;
 pub mod tiny;
 
 pub use config::{AttentionKind, ConfigError, ModelConfig};
-pub use engine::{Engine, EngineConfig, EngineStats, FinishReason, GenerateOutput, GenerateRequest};
-pub use model::{Model, ModelError, Numerics, SeqOutput, SequenceState, Trace};
+pub use engine::{
+    Engine, EngineConfig, EngineHandle, EngineStats, Event, FinishReason, GenerateOutput, GenerateRequest, ReplayMode,
+};
+pub use model::{LogitRows, Model, ModelError, Numerics, SeqOutput, SequenceState, Trace};

@@ -18,7 +18,8 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
-    pub seed: u64,
+    /// None: the engine picks one (0 in deterministic mode, random otherwise).
+    pub seed: Option<u64>,
     /// Alternatives reported per token (0: only the chosen token's log-probability).
     pub top_logprobs: usize,
 }
@@ -33,7 +34,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
-            seed: 0,
+            seed: None,
             top_logprobs: 0,
         }
     }
@@ -95,6 +96,20 @@ pub fn uniform(seed: u64, position: u64) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// The `n` best finite entries of `l` in `order` (a partial selection, then a sort of `n`).
+fn top_n(l: &[f64], n: usize, order: impl Fn(&usize, &usize) -> std::cmp::Ordering) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..l.len()).filter(|i| l[*i] > f64::NEG_INFINITY).collect();
+    if n == 0 {
+        return Vec::new();
+    }
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, &order);
+        idx.truncate(n);
+    }
+    idx.sort_unstable_by(order);
+    idx
+}
+
 /// Sample from `logits` for the token at `position` of a request that has produced `history`.
 /// `allowed`, when given, masks tokens (structured output); an all-false mask is an error.
 pub fn sample(
@@ -136,17 +151,25 @@ pub fn sample(
     let mx = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let lse = mx + l.iter().map(|v| ((v - mx) / t).exp()).sum::<f64>().ln() * t;
     let logprob = |v: f64| ((v - lse) / t) as f32;
-    // Candidates by descending logit, ties to the lower id (a fixed order: no batch dependence).
-    let mut order: Vec<usize> = (0..l.len()).filter(|i| l[*i] > f64::NEG_INFINITY).collect();
-    order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
-    let top: Vec<(u32, f32)> = order.iter().take(p.top_logprobs).map(|i| (*i as u32, logprob(l[*i]))).collect();
+    // Candidate order: descending logit, ties to the lower id (fixed: no batch dependence).
+    let desc = |a: &usize, b: &usize| l[*b].total_cmp(&l[*a]).then(a.cmp(b));
+    let top = top_n(&l, p.top_logprobs, desc).into_iter().map(|i| (i as u32, logprob(l[i]))).collect();
     let chosen = if greedy {
-        order[0]
+        top_n(&l, 1, desc)[0]
     } else {
-        let mut cand = order.clone();
-        if p.top_k > 0 {
-            cand.truncate(p.top_k);
-        }
+        let cand: Vec<usize> = if p.top_k > 0 {
+            top_n(&l, p.top_k, desc)
+        } else if p.top_p < 1.0 || p.min_p > 0.0 {
+            // Sorted, without tokens below e^-40 of the best (their total mass, under 1e-12 for
+            // any vocabulary, cannot move a top-p or min-p boundary).
+            let floor = mx - 40.0 * t;
+            let mut c: Vec<usize> = (0..l.len()).filter(|i| l[*i] >= floor).collect();
+            c.sort_unstable_by(desc);
+            c
+        } else {
+            // Plain sampling: the draw walks the vocabulary in id order.
+            (0..l.len()).filter(|i| l[*i] > f64::NEG_INFINITY).collect()
+        };
         let probs: Vec<f64> = cand.iter().map(|i| ((l[*i] - mx) / t).exp()).collect();
         let total: f64 = probs.iter().sum();
         let mut keep = cand.len();
@@ -165,7 +188,7 @@ pub fn sample(
             keep = keep.min(probs.iter().take_while(|pr| **pr >= floor).count().max(1));
         }
         let kept: f64 = probs[..keep].iter().sum();
-        let mut u = uniform(p.seed, position) * kept;
+        let mut u = uniform(p.seed.unwrap_or(0), position) * kept;
         let mut pick = cand[keep - 1];
         for (k, pr) in probs[..keep].iter().enumerate() {
             if u < *pr {
@@ -191,12 +214,12 @@ mod tests {
 
     #[test]
     fn same_seed_and_position_same_token() {
-        let p = SamplingParams { temperature: 1.0, seed: 42, ..Default::default() };
+        let p = SamplingParams { temperature: 1.0, seed: Some(42), ..Default::default() };
         let l: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
         let a: Vec<u32> = (0..50).map(|pos| sample(&l, &[], &p, pos, None).unwrap().token).collect();
         let b: Vec<u32> = (0..50).map(|pos| sample(&l, &[], &p, pos, None).unwrap().token).collect();
         assert_eq!(a, b);
-        let other = SamplingParams { seed: 43, ..p.clone() };
+        let other = SamplingParams { seed: Some(43), ..p.clone() };
         let c: Vec<u32> = (0..50).map(|pos| sample(&l, &[], &other, pos, None).unwrap().token).collect();
         assert_ne!(a, c);
     }
@@ -205,7 +228,7 @@ mod tests {
     fn sampling_follows_the_distribution() {
         // Two tokens with probabilities 0.8 / 0.2: frequencies over 20,000 draws within 1%.
         let l = [(0.8f32).ln(), (0.2f32).ln()];
-        let p = SamplingParams { seed: 7, ..Default::default() };
+        let p = SamplingParams { seed: Some(7), ..Default::default() };
         let ones = (0..20_000).filter(|pos| sample(&l, &[], &p, *pos, None).unwrap().token == 1).count();
         assert!((ones as f64 / 20_000.0 - 0.2).abs() < 0.01, "{ones}");
     }
@@ -213,9 +236,9 @@ mod tests {
     #[test]
     fn truncation_and_masks() {
         let l = [5.0f32, 4.0, 0.0, -3.0];
-        let top1 = SamplingParams { top_k: 1, seed: 3, ..Default::default() };
+        let top1 = SamplingParams { top_k: 1, seed: Some(3), ..Default::default() };
         assert!((0..100).all(|pos| sample(&l, &[], &top1, pos, None).unwrap().token == 0));
-        let minp = SamplingParams { min_p: 0.5, seed: 3, ..Default::default() };
+        let minp = SamplingParams { min_p: 0.5, seed: Some(3), ..Default::default() };
         assert!((0..200).all(|pos| sample(&l, &[], &minp, pos, None).unwrap().token == 0), "exp(-1) < 0.5");
         let mask = [false, false, true, true];
         let g = SamplingParams { temperature: 0.0, ..Default::default() };
@@ -224,6 +247,66 @@ mod tests {
         let pen =
             SamplingParams { temperature: 0.0, presence_penalty: 2.0, frequency_penalty: 0.0, ..Default::default() };
         assert_eq!(sample(&[1.0, 0.5], &[0], &pen, 0, None).unwrap().token, 1);
+    }
+
+    /// The plain definition: sort everything, truncate, draw in that order.
+    fn naive(l: &[f32], p: &SamplingParams, position: u64) -> u32 {
+        let t = p.temperature as f64;
+        let mut order: Vec<usize> = (0..l.len()).collect();
+        order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
+        if p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0 {
+            order.sort_unstable(); // plain sampling walks ids in order
+        }
+        if p.top_k > 0 {
+            order.truncate(p.top_k);
+        }
+        let mx = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let probs: Vec<f64> = order.iter().map(|i| ((l[*i] as f64 - mx) / t).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        let mut keep = order.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            keep = probs
+                .iter()
+                .position(|pr| {
+                    acc += pr / total;
+                    acc >= p.top_p as f64
+                })
+                .map_or(keep, |k| k + 1);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|pr| **pr >= floor).count().max(1));
+        }
+        let kept: f64 = probs[..keep].iter().sum();
+        let mut u = uniform(p.seed.unwrap_or(0), position) * kept;
+        for k in 0..keep {
+            if u < probs[k] {
+                return order[k] as u32;
+            }
+            u -= probs[k];
+        }
+        order[keep - 1] as u32
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fast_paths_equal_the_plain_definition(
+            logits in proptest::collection::vec(-8.0f32..8.0, 1..300),
+            top_k in 0usize..20, top_p in 0.05f32..1.0, min_p in 0.0f32..0.3, full_p: bool, no_min: bool,
+            temperature in 0.2f32..1.5, seed: u64, position in 0u64..1000,
+        ) {
+            let p = SamplingParams {
+                temperature, top_k, top_p: if full_p { 1.0 } else { top_p }, min_p: if no_min { 0.0 } else { min_p },
+                seed: Some(seed), top_logprobs: 3, ..Default::default()
+            };
+            let s = sample(&logits, &[], &p, position, None).unwrap();
+            proptest::prop_assert_eq!(s.token, naive(&logits, &p, position));
+            let mut sorted: Vec<usize> = (0..logits.len()).collect();
+            sorted.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
+            let want: Vec<u32> = sorted.iter().take(3).map(|i| *i as u32).collect();
+            proptest::prop_assert_eq!(s.top.iter().map(|x| x.0).collect::<Vec<_>>(), want);
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ fn greedy() -> SamplingParams {
 }
 
 fn req(id: u64, prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> GenerateRequest {
-    GenerateRequest { id, prompt: prompt.to_vec(), max_tokens, sampling, stop_token_ids: Vec::new(), priority: 0 }
+    GenerateRequest::new(id, prompt.to_vec(), max_tokens, sampling)
 }
 
 fn reference(name: &str) -> (Vec<u32>, Vec<f32>, usize) {
@@ -39,7 +39,8 @@ fn greedy_first_tokens_equal_the_reference_argmax_in_a_mixed_chunked_batch() {
     for name in ["small", "real"] {
         let (ids, logits, v) = reference(name);
         let engine =
-            Engine::new(Model::load(&fixture(name)).unwrap(), EngineConfig { token_budget: 24, ..Default::default() });
+            Engine::new(Model::load(&fixture(name)).unwrap(), EngineConfig { token_budget: 24, ..Default::default() })
+                .unwrap();
         let lens: Vec<usize> =
             [5, 17, 31, 37, ids.len() / 2, ids.len()].into_iter().filter(|k| *k <= ids.len()).collect();
         let reqs: Vec<GenerateRequest> =
@@ -56,7 +57,7 @@ fn greedy_first_tokens_equal_the_reference_argmax_in_a_mixed_chunked_batch() {
 fn greedy_continuation_matches_teacher_forcing() {
     let (ids, _, _) = reference("small");
     let model = Model::load(&fixture("small")).unwrap();
-    let engine = Engine::new(Model::load(&fixture("small")).unwrap(), EngineConfig::default());
+    let engine = Engine::new(Model::load(&fixture("small")).unwrap(), EngineConfig::default()).unwrap();
     let (outs, _) = engine.generate(vec![req(0, &ids[..20], 12, greedy())]);
     let gen = &outs[0].tokens;
     assert_eq!(gen.len(), 12);
@@ -79,7 +80,7 @@ fn seeded(n: u64) -> Vec<GenerateRequest> {
                 i,
                 &prompt,
                 8,
-                SamplingParams { temperature: 0.9, top_p: 0.95, top_k: 50, seed: 1000 + i, ..Default::default() },
+                SamplingParams { temperature: 0.9, top_p: 0.95, top_k: 50, seed: Some(1000 + i), ..Default::default() },
             )
         })
         .collect()
@@ -91,7 +92,8 @@ fn seeded_outputs_do_not_depend_on_batch_size_or_run() {
         let engine = Engine::new(
             Model::load(&fixture("small")).unwrap(),
             EngineConfig { max_running, token_budget: 64, ..Default::default() },
-        );
+        )
+        .unwrap();
         engine.generate(seeded(20)).0.into_iter().map(|o| o.tokens).collect::<Vec<_>>()
     };
     let one = run(1);
@@ -103,21 +105,23 @@ fn seeded_outputs_do_not_depend_on_batch_size_or_run() {
 
 #[test]
 fn preemption_under_memory_pressure_changes_no_output() {
-    let roomy = Engine::new(Model::load(&fixture("small")).unwrap(), EngineConfig::default());
+    let roomy = Engine::new(Model::load(&fixture("small")).unwrap(), EngineConfig::default()).unwrap();
     let tight = Engine::new(
         Model::load(&fixture("small")).unwrap(),
-        EngineConfig { kv_blocks: 6, block_tokens: 8, ..Default::default() },
-    );
+        EngineConfig { kv_blocks: 2, block_tokens: 16, ..Default::default() },
+    )
+    .unwrap();
     let (a, _) = roomy.generate(seeded(6));
     let (b, stats) = tight.generate(seeded(6));
-    assert!(stats.preemptions > 0, "6 blocks of 8 tokens cannot hold 6 sequences");
+    assert!(stats.preemptions > 0, "2 blocks of 16 tokens cannot hold 6 sequences");
     assert_eq!(a.iter().map(|o| &o.tokens).collect::<Vec<_>>(), b.iter().map(|o| &o.tokens).collect::<Vec<_>>());
 }
 
 #[test]
 fn a_bad_request_fails_alone() {
     let engine =
-        Engine::new(Model::load(&fixture("small")).unwrap(), EngineConfig { max_context: 100, ..Default::default() });
+        Engine::new(Model::load(&fixture("small")).unwrap(), EngineConfig { max_context: 100, ..Default::default() })
+            .unwrap();
     let reqs = vec![
         req(0, &[5, 6, 7], 4, greedy()),
         req(1, &[5, 6, 7], 4, SamplingParams { top_p: 0.0, ..Default::default() }),

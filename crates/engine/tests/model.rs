@@ -103,6 +103,15 @@ fn corrupt_and_mismatched_checkpoints_are_named_errors() {
 }
 
 #[test]
+fn a_restore_from_blocks_of_the_wrong_size_is_a_named_error() {
+    let c = random_config(&mut Rng(11));
+    let m = Model::load(&random_model_dir("restore-bad", &c, 3, 1)).unwrap();
+    let bt = m.block_tokens_at_least(1);
+    let e = m.restore_state(&[&[0u8; 7][..]], bt, 0).unwrap_err().to_string();
+    assert!(e.contains("cached blocks") && e.contains("7 bytes"), "{e}");
+}
+
+#[test]
 fn out_of_vocabulary_token_is_rejected() {
     let c = random_config(&mut Rng(9));
     let m = Model::load(&random_model_dir("oov", &c, 2, 1)).unwrap();
@@ -141,6 +150,37 @@ proptest! {
         // order), so only the compressor's chunk boundaries could differ: they must not.
         let d = max_diff(&full, &got);
         prop_assert!(d <= 1e-5, "max |full - incremental| = {} for {}", d, c);
+    }
+
+    /// A state restored from published blocks plus the exact replay continues exactly like the
+    /// sequence computed cold: the tokens after the hit get the full forward's logits. (With the
+    /// default window-only replay the same check fails by up to 0.09: the replay must cover the
+    /// receptive field of the window state.)
+    #[test]
+    fn restored_blocks_plus_exact_replay_equal_the_full_forward(seed in 0u64..10_000, extra in 1usize..4) {
+        let mut rng = Rng(seed);
+        let c = random_config(&mut rng);
+        let model = Model::load(&random_model_dir("restore", &c, seed, 1)).unwrap();
+        let bt = model.block_tokens_at_least(1);
+        let exact = model.exact_replay_tokens();
+        let blocks = exact / bt + extra;
+        let n = blocks * bt + 3 + rng.below(8) as usize;
+        let t = ids(&mut rng, n, c["vocab_size"].as_u64().unwrap());
+        let full = logits(&model, &t);
+        let mut cold = model.new_state();
+        model.forward(&mut [(&t[..blocks * bt], &mut cold)], Numerics::Reference, false).unwrap();
+        let payloads: Vec<Vec<u8>> = (0..blocks).map(|b| model.block_payload(&cold, b, bt)).collect();
+        let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+        let plan = deepinfer_kv::replay::plan(&model.kv_layout(bt).unwrap(), blocks * bt, n, Some(exact));
+        prop_assert_eq!(plan.reused_tokens, blocks * bt);
+        prop_assert!(plan.replay_tokens() >= exact);
+        let mut st = model.restore_state(&refs, bt, plan.replay_from).unwrap();
+        prop_assert_eq!(st.compressed_rows(), cold.compressed_rows());
+        let (o, _) = model.forward(&mut [(&t[plan.replay_from..], &mut st)], Numerics::Reference, false).unwrap();
+        let v = model.config().vocab_size;
+        let skip = (plan.reused_tokens - plan.replay_from) * v;
+        let d = max_diff(&o[0].logits[skip..], &full[plan.reused_tokens * v..]);
+        prop_assert!(d <= 1e-5, "max |cold - restored| = {} for {}", d, c);
     }
 
     /// A varlen batch (sequences of different lengths and cache states) gives each sequence the

@@ -57,6 +57,28 @@ fn digest(parts: &[&[u8]]) -> BlockHash {
 }
 
 /// The chained hashes of the full blocks of `tokens` (a trailing partial block has none).
+/// Extend `hashes` (the chained hashes of the first `hashes.len()` full blocks of `tokens`) with
+/// the hashes of every further full block of `tokens`: a growing sequence hashes each block once.
+pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_tokens: usize, keys: &ExtraKeys) {
+    let bt = block_tokens.max(1);
+    let done = hashes.len();
+    if tokens.len() / bt <= done {
+        return;
+    }
+    let salt = keys.cache_salt.as_deref().unwrap_or("");
+    let mut prev = match hashes.last() {
+        Some(h) => *h,
+        None => digest(&[b"deepinfer-kv-v1", keys.model.as_bytes(), keys.encoding.as_bytes(), salt.as_bytes()]),
+    };
+    let mut bytes = Vec::with_capacity(bt * 4);
+    for block in tokens[done * bt..].chunks_exact(bt) {
+        bytes.clear();
+        block.iter().for_each(|t| bytes.extend_from_slice(&t.to_le_bytes()));
+        prev = digest(&[&prev.0, &bytes]);
+        hashes.push(prev);
+    }
+}
+
 pub fn block_hashes(tokens: &[u32], block_tokens: usize, keys: &ExtraKeys) -> Vec<BlockHash> {
     let salt = keys.cache_salt.as_deref().unwrap_or("");
     let mut prev = digest(&[b"deepinfer-kv-v1", keys.model.as_bytes(), keys.encoding.as_bytes(), salt.as_bytes()]);
@@ -75,6 +97,17 @@ pub fn block_hashes(tokens: &[u32], block_tokens: usize, keys: &ExtraKeys) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extending_equals_hashing_at_once() {
+        let keys = ExtraKeys { model: "m".into(), encoding: "e".into(), cache_salt: Some("s".into()) };
+        let tokens: Vec<u32> = (0..1000).map(|i| i * 7 % 311).collect();
+        let mut h = Vec::new();
+        for end in [0, 5, 64, 65, 300, 1000] {
+            extend_block_hashes(&mut h, &tokens[..end], 16, &keys);
+            assert_eq!(h, block_hashes(&tokens[..end], 16, &keys));
+        }
+    }
 
     #[test]
     fn a_hash_covers_the_whole_prefix_and_the_keys() {

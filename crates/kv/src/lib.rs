@@ -42,7 +42,7 @@ pub mod tier;
 pub mod trace;
 
 pub use error::KvError;
-pub use hash::{block_hashes, BlockHash, ExtraKeys};
+pub use hash::{block_hashes, extend_block_hashes, BlockHash, ExtraKeys};
 pub use layout::{KvLayout, LayerGeometry};
 pub use pool::{BlockId, BlockPool, BlockRef};
 pub use prefix::{CacheStats, Evicted, EvictionPolicy, PrefixCache};

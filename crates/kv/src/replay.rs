@@ -39,7 +39,18 @@ pub fn plan(layout: &KvLayout, hit: usize, prompt: usize, keep: Option<usize>) -
         need = need.max(open + prev);
     }
     let need = keep.map_or(need, |k| k.max(need)).min(reused);
-    ReplayPlan { reused_tokens: reused, replay_from: reused - need }
+    // Compressors count windows from the replay's first token: start it on a window boundary of
+    // every layer (block sizes are multiples of every ratio, so this stays within the hit).
+    let align = layout.layers.iter().filter(|l| l.ratio > 0).fold(1, |a, l| lcm(a, l.ratio));
+    ReplayPlan { reused_tokens: reused, replay_from: (reused - need) / align * align }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
 }
 
 #[cfg(test)]
@@ -63,8 +74,9 @@ mod tests {
 
     #[test]
     fn flash_replays_the_window_after_a_block_aligned_hit() {
+        // 127 tokens of window, started on the HCA window boundary below: 128 tokens.
         let p = plan(&layout(512, 128), 4096, 10_000, None);
-        assert_eq!(p, ReplayPlan { reused_tokens: 4096, replay_from: 4096 - 127 });
+        assert_eq!(p, ReplayPlan { reused_tokens: 4096, replay_from: 4096 - 128 });
     }
 
     #[test]
@@ -78,7 +90,8 @@ mod tests {
     fn replay_covers_compressor_state_when_it_exceeds_the_window() {
         // Window 2 (ring of 1 row); block 128 aligned on HCA; CSA overlap needs 4 tokens.
         let p = plan(&layout(128, 2), 256, 1000, None);
-        assert_eq!(p.replay_tokens(), 4);
-        assert_eq!(plan(&layout(128, 2), 256, 1000, Some(200)).replay_tokens(), 200);
+        assert_eq!(p.replay_tokens(), 128, "4 tokens, aligned down to the HCA window of 128");
+        assert_eq!(plan(&layout(128, 2), 256, 1000, Some(200)).replay_tokens(), 256);
+        assert_eq!(plan(&layout(128, 2), 1024, 2000, Some(200)).replay_tokens(), 256);
     }
 }

@@ -161,7 +161,15 @@ fn grammar_of(c: &Constraint, dsml: Option<u32>) -> Result<TopLevelGrammar, Reci
             let schema = serde_json::from_str::<Value>(&c.schema)
                 .ok()
                 .filter(|v| v.is_object() && v.as_object().is_some_and(|o| !o.is_empty()));
-            TopLevelGrammar::from_json_schema(schema.unwrap_or_else(|| serde_json::json!({"type": "object"})))
+            let mut schema = schema.unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            // Fixed separators unless the schema sets its own: flexible whitespace lets a model
+            // pad forever (and a random one does), so outputs read as `{"a": 1, "b": [2, 3]}`.
+            if let Some(o) = schema.as_object_mut() {
+                o.entry("x-guidance").or_insert_with(
+                    || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+                );
+            }
+            TopLevelGrammar::from_json_schema(schema)
         }
         "regex" => TopLevelGrammar::from_regex(&c.schema),
         "lark" | "ebnf" => TopLevelGrammar::from_lark(c.schema.clone()),

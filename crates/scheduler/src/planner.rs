@@ -312,6 +312,11 @@ impl Scheduler {
         items.iter().map(|i| self.cost.predict(std::slice::from_ref(i))).sum()
     }
 
+    /// Every queued request (waiting or running), in no particular order.
+    pub fn request_ids(&self) -> Vec<RequestId> {
+        self.entries.keys().copied().collect()
+    }
+
     pub fn request(&self, id: RequestId) -> Option<&Request> {
         self.entries.get(&id).map(|e| &e.req)
     }

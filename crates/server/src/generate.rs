@@ -1,29 +1,35 @@
 //! `deepinfer generate`: prompts in (text rendered as a chat turn by the recipe, or API bodies),
-//! tokens out, through the engine loop on the CPU model.
+//! tokens and text out, through the engine loop on the CPU model.
 
+use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use deepinfer_engine::engine::Event;
 use deepinfer_engine::sampler::SamplingParams;
-use deepinfer_engine::{tiny, Engine, EngineConfig, GenerateRequest, Model};
-use deepinfer_recipe::{convert, render, DeepseekTokenizer, Encoding, Protocol};
+use deepinfer_engine::{GenerateOutput, GenerateRequest};
+use deepinfer_kv::tier::CacheClass;
+use deepinfer_recipe::{convert, engine_request, Constraint, DeepseekTokenizer, Protocol};
 use serde_json::{json, Value};
+
+use crate::progress::Progress;
+use crate::setup::{self, EngineArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// A user message, rendered as a DeepSeek-V4 chat turn (thinking off).
     #[arg(long, conflicts_with = "prompts")]
     prompt: Option<String>,
-    /// A JSONL file with one API request body (Chat Completions, Responses or Messages) per line.
+    /// A JSONL file with one API request body (Chat Completions, Responses or Messages) per line;
+    /// each body's own sampling, stop and response_format apply.
     #[arg(long)]
     prompts: Option<PathBuf>,
-    /// Model directory (config.json, safetensors, optional tokenizer.json). Default: a built-in
-    /// tiny DeepSeek-V4 model with random weights (its text is noise) and the V4 tokenizer.
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Output tokens per request (a body's own max_tokens wins).
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
     #[arg(long, default_value_t = 0.0)]
@@ -34,56 +40,80 @@ pub struct Args {
     top_k: usize,
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// cpu (the CUDA model path is not built yet).
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Base seed (request i uses seed + i). Default: random, or 0 with DEEPINFER_BATCH_INVARIANT=1.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop at this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Constrain --prompt's output to this JSON schema (a file).
+    #[arg(long, conflicts_with = "regex")]
+    json_schema: Option<PathBuf>,
+    /// Constrain --prompt's output to this regular expression.
+    #[arg(long)]
+    regex: Option<String>,
     /// text or json.
     #[arg(long, default_value = "text")]
     output: String,
 }
 
-fn builtin_model() -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("deepinfer-builtin-tiny-v4-{}", env!("CARGO_PKG_VERSION")));
-    if !dir.join("config.json").is_file() {
-        eprintln!("writing the built-in tiny random model to {} ...", dir.display());
-        let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
-        tiny::write_model(&tmp, &tiny::builtin_config(), 20261129, 1).context("writing the built-in model")?;
-        if std::fs::rename(&tmp, &dir).is_err() {
-            let _ = std::fs::remove_dir_all(&tmp); // another process won the race
-        }
+fn sampling_of(a: &Args, i: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed.map(|s| s.wrapping_add(i)),
+        ..Default::default()
     }
-    Ok(dir)
+}
+
+/// One API body as an engine request (the recipe's conversion, encoding and policies).
+fn from_body(body: &Value, i: u64, a: &Args, tok: &DeepseekTokenizer, context: usize) -> Result<GenerateRequest> {
+    let p = Protocol::detect(body).unwrap_or(Protocol::Chat);
+    let conv = convert(p, body).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (er, _) = engine_request(&conv, body, tok, context as u32).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let has_max = ["max_tokens", "max_completion_tokens", "max_output_tokens"].iter().any(|k| body.get(k).is_some());
+    let mut r = GenerateRequest::new(
+        i,
+        er.token_ids,
+        if has_max { er.max_tokens as usize } else { a.max_tokens.min(er.max_tokens as usize) },
+        SamplingParams {
+            temperature: if body.get("temperature").is_some() { er.sampling.temperature } else { a.temperature },
+            top_p: er.sampling.top_p,
+            presence_penalty: er.sampling.presence_penalty,
+            frequency_penalty: er.sampling.frequency_penalty,
+            seed: er.sampling.seed.or(a.seed.map(|s| s.wrapping_add(i))),
+            top_logprobs: er.sampling.top_logprobs.unwrap_or(0) as usize,
+            top_k: a.top_k,
+            min_p: a.min_p,
+            repetition_penalty: a.repetition_penalty,
+        },
+    );
+    r.stop_token_ids = er.stop_token_ids;
+    r.stop_strings = er.stop_strings;
+    r.stop_strings.extend(a.stop.iter().cloned());
+    r.constraint = er.constraint;
+    r.cache_class = match er.cache_class {
+        deepinfer_recipe::CacheClass::Agent => CacheClass::Agent,
+        deepinfer_recipe::CacheClass::Chat => CacheClass::Chat,
+    };
+    // Thinking mode: the grammar applies to the answer, after `</think>`.
+    let think_open = tok.special_id("<think>");
+    if r.constraint.is_some() && think_open.is_some() && r.prompt.last().copied() == think_open {
+        r.constraint_after = tok.special_id("</think>");
+    }
+    Ok(r)
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    if a.device != "cpu" {
-        bail!(
-            "--device {}: only the cpu backend runs the model so far (the CUDA model path is not built yet)",
-            a.device
-        );
-    }
     if !["text", "json"].contains(&a.output.as_str()) {
         bail!("--output: `{}` is not text or json", a.output);
     }
-    let t0 = Instant::now();
-    let (dir, builtin) = match &a.model {
-        Some(d) => (d.clone(), false),
-        None => (builtin_model()?, true),
-    };
-    let model = Model::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
-    let tok = match dir.join("tokenizer.json") {
-        p if p.is_file() => DeepseekTokenizer::from_file(&p)?,
-        _ => DeepseekTokenizer::builtin()?,
-    };
-    eprintln!(
-        "loaded {} in {:.2}s{}",
-        dir.display(),
-        t0.elapsed().as_secs_f64(),
-        if builtin { " (built-in random weights: the text is noise)" } else { "" }
-    );
-    let bodies: Vec<Value> = match (&a.prompt, &a.prompts) {
+    let mut bodies: Vec<Value> = match (&a.prompt, &a.prompts) {
         (Some(p), _) => vec![
             json!({"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": p}], "thinking": {"type": "disabled"}}),
         ],
@@ -99,43 +129,68 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         (None, None) => bail!("give --prompt TEXT or --prompts FILE.jsonl"),
     };
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        min_p: a.min_p,
-        seed: a.seed,
-        ..Default::default()
+    let constraint = match (&a.json_schema, &a.regex) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("--json-schema {}", f.display()))?;
+            serde_json::from_str::<Value>(&text).with_context(|| format!("--json-schema {}: not JSON", f.display()))?;
+            Some(Constraint { kind: "json_schema".into(), schema: text })
+        }
+        (None, Some(r)) => Some(Constraint { kind: "regex".into(), schema: r.clone() }),
+        _ => None,
     };
-    let eos = tok.special_id("<｜end▁of▁sentence｜>").into_iter().collect::<Vec<_>>();
+    let loaded = setup::load(&a.engine)?;
+    let tok = &loaded.tok;
     let mut reqs = Vec::new();
-    for (i, b) in bodies.iter().enumerate() {
-        let p = Protocol::detect(b).unwrap_or(Protocol::Chat);
-        let conv = convert(p, b).map_err(|e| anyhow::anyhow!("request {}: {e}", i + 1))?;
-        let r = render(&conv.request, Encoding::V4, Some(&tok));
-        let ids = r.token_ids.with_context(|| format!("request {}: {}", i + 1, r.encode_error.unwrap_or_default()))?;
-        reqs.push(GenerateRequest {
-            id: i as u64,
-            prompt: ids,
-            max_tokens: a.max_tokens,
-            sampling: SamplingParams { seed: a.seed + i as u64, ..sampling.clone() },
-            stop_token_ids: eos.clone(),
-            priority: 0,
-        });
+    for (i, b) in bodies.iter_mut().enumerate() {
+        let mut r =
+            from_body(b, i as u64, &a, tok, a.engine.max_context).with_context(|| format!("request {}", i + 1))?;
+        if a.prompt.is_some() {
+            r.sampling = SamplingParams { top_logprobs: 0, ..sampling_of(&a, i as u64) };
+            r.max_tokens = a.max_tokens;
+        }
+        if r.constraint.is_none() {
+            r.constraint = constraint.clone();
+        }
+        reqs.push(r);
     }
-    let engine = Engine::new(model, EngineConfig::default());
-    eprintln!("generating {} request(s) ...", reqs.len());
-    let (outs, stats) = engine.generate(reqs);
+    let n = reqs.len();
+    let prompt_tokens: usize = reqs.iter().map(|r| r.prompt.len()).sum();
+    let engine = std::sync::Arc::new(loaded.engine);
+    let t0 = Instant::now();
+    let handle = engine.clone().start();
+    let (tx, rx) = crossbeam::channel::unbounded();
+    for r in reqs {
+        handle.submit_to(r, tx.clone());
+    }
+    drop(tx);
+    let mut bar = Progress::new("generating", n);
+    let mut outs: HashMap<u64, GenerateOutput> = HashMap::new();
+    let mut generated = 0usize;
+    for e in rx.iter() {
+        match e {
+            Event::Token { .. } => generated += 1,
+            Event::Done(o) => {
+                outs.insert(o.id, o);
+            }
+        }
+        let rate = generated as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+        bar.set(outs.len(), &format!("requests, {generated} tokens, {rate:.1} tokens/s"));
+    }
+    let stats = handle.shutdown();
+    engine.flush().context("writing KV blocks to --kv-dir")?;
     let mut stdout = std::io::stdout().lock();
     let mut failed = false;
-    for o in &outs {
-        let text = tok.decode(&o.tokens).unwrap_or_default();
+    for i in 0..n as u64 {
+        let o = &outs[&i];
+        let text = o.text.clone().unwrap_or_default();
         failed |= o.error.is_some();
         if a.output == "json" {
             writeln!(
                 stdout,
                 "{}",
-                json!({"id": o.id, "text": text, "tokens": o.tokens, "finish": o.finish, "error": o.error, "prompt_tokens": o.prompt_tokens, "ttft_s": o.ttft_s})
+                json!({"id": o.id, "text": text, "tokens": o.tokens, "finish": o.finish, "error": o.error,
+                       "prompt_tokens": o.prompt_tokens, "cached_tokens": o.cached_tokens,
+                       "replayed_tokens": o.replayed_tokens, "ttft_s": o.ttft_s, "seed": o.seed})
             )?;
         } else if let Some(e) = &o.error {
             writeln!(stdout, "[{}] error: {e}", o.id)?;
@@ -143,14 +198,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
             writeln!(stdout, "[{}] {text}", o.id)?;
         }
     }
-    let ttft = outs.iter().map(|o| o.ttft_s).fold(0.0, f64::max);
+    let ttfts: Vec<f64> = outs.values().filter(|o| !o.tokens.is_empty()).map(|o| o.ttft_s).collect();
+    let ttft = ttfts.iter().sum::<f64>() / ttfts.len().max(1) as f64;
     eprintln!(
-        "prompt tokens {}, generated tokens {}, TTFT {:.3}s, {:.1} tokens/s, {} steps, prefix-cache hits 0 (prefix reuse not wired yet)",
-        stats.prompt_tokens,
+        "prompt tokens {prompt_tokens}, generated tokens {}, TTFT mean {:.3}s, {:.1} tokens/s, {} steps, \
+         prefix-cache hits {} ({} cached tokens, {} replayed){}",
         stats.generated_tokens,
         ttft,
         stats.generated_tokens as f64 / stats.seconds.max(1e-9),
-        stats.steps
+        stats.steps,
+        stats.prefix_hits,
+        stats.cached_tokens,
+        stats.replayed_tokens,
+        if loaded.builtin { " — built-in random model: the text is noise" } else { "" }
     );
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

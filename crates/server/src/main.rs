@@ -1,11 +1,14 @@
 //! `deepinfer`: the command-line entry point. Each subcommand lives in its own module and only
 //! parses arguments and prints; the work is in the library crates.
 
+mod bench;
 mod check_parity;
 mod doctor;
 mod generate;
 mod kv_cmd;
+mod progress;
 mod recipe_cmd;
+mod setup;
 mod simulate;
 
 use std::process::ExitCode;
@@ -23,6 +26,8 @@ struct Cli {
 enum Command {
     /// Generate text from prompts with the engine (CPU model).
     Generate(generate::Args),
+    /// Prefill and decode throughput through the engine loop (docs/BENCH.md); prints JSON.
+    Bench(bench::Args),
     /// Report the build accelerator, embedded kernels, driver, GPUs and loaded CUDA libraries.
     Doctor,
     /// Compare the CPU model with a fixture's reference logits; prints JSON, exits 0 only within tolerance.
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Doctor => doctor::run(),
         Command::Generate(a) => generate::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),
         Command::Simulate(a) => simulate::run(a),

@@ -159,3 +159,105 @@ fn generate_runs_the_builtin_model_and_names_bad_input() {
     let missing = deepinfer(&["generate", "--prompt", "x", "--model", "/nonexistent/m"]);
     assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/m"));
 }
+
+fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn generate_follows_a_json_schema_a_regex_and_stop_strings() {
+    let dir = std::env::temp_dir().join(format!("deepinfer-cli-schema-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = dir.join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type":"object","properties":{"name":{"type":"string","maxLength":6},"ok":{"type":"boolean"}},"required":["name","ok"],"additionalProperties":false}"#,
+    )
+    .unwrap();
+    let args = ["generate", "--prompt", "Describe", "--max-tokens", "200", "--temperature", "1", "--seed", "3"];
+    let out = deepinfer(&[&args[..], &["--json-schema", schema.to_str().unwrap(), "--output", "json"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = &json_lines(&out)[0];
+    let parsed: serde_json::Value = serde_json::from_str(v["text"].as_str().unwrap()).expect("the text is JSON");
+    assert!(parsed["ok"].is_boolean() && parsed["name"].as_str().unwrap().chars().count() <= 6, "{parsed}");
+    assert_eq!(v["finish"], "stop");
+    let out = deepinfer(&[&args[..], &["--regex", "[0-9]{3}-[a-z]{2}", "--output", "json"]].concat());
+    let text = json_lines(&out)[0]["text"].as_str().unwrap().to_string();
+    assert!(text.len() == 6 && text.as_bytes()[3] == b'-', "{text}");
+    // A stop string taken from the free output cuts it there.
+    let free = deepinfer(&["generate", "--prompt", "Hello", "--max-tokens", "24", "--output", "json"]);
+    let full = json_lines(&free)[0]["text"].as_str().unwrap().to_string();
+    let stop: String = full.chars().skip(6).take(2).collect();
+    let cut = deepinfer(&["generate", "--prompt", "Hello", "--max-tokens", "24", "--stop", &stop, "--output", "json"]);
+    let v = &json_lines(&cut)[0];
+    assert_eq!(v["text"].as_str().unwrap(), &full[..full.find(&stop).unwrap()]);
+    assert_eq!(v["finish"], "stop");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_kv_dir_serves_the_next_run_and_bad_settings_are_named() {
+    let dir = std::env::temp_dir().join(format!("deepinfer-cli-kv-{}", std::process::id()));
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+    let run = || {
+        let out = deepinfer(&[
+            "generate",
+            "--prompt",
+            &long,
+            "--max-tokens",
+            "4",
+            "--kv-dir",
+            dir.to_str().unwrap(),
+            "--output",
+            "json",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        json_lines(&out).remove(0)
+    };
+    let (cold, warm) = (run(), run());
+    assert_eq!(cold["cached_tokens"], 0);
+    assert!(warm["cached_tokens"].as_u64().unwrap() >= 256, "{warm}");
+    assert_eq!(cold["tokens"], warm["tokens"], "a second process reuses the blocks and answers the same");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let env = |k: &str, v: &str| {
+        Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+            .args(["generate", "--prompt", "x", "--max-tokens", "2"])
+            .env(k, v)
+            .output()
+            .unwrap()
+    };
+    let bad = env("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "sometimes");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE"));
+    let bad = env("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", "compact");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("DEEPINFER_YOCO_PREFILL_KEEP_TOKENS"));
+    let cuda = deepinfer(&["generate", "--prompt", "x", "--device", "cuda"]);
+    assert!(!cuda.status.success() && String::from_utf8_lossy(&cuda.stderr).contains("--device cuda"));
+}
+
+#[test]
+fn bench_prints_prefill_cached_and_decode_figures() {
+    let out = deepinfer(&[
+        "bench",
+        "--prefill",
+        "64,128",
+        "--decode-batch",
+        "1,4",
+        "--decode-context",
+        "32",
+        "--decode-tokens",
+        "4",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prefill"].as_array().unwrap().len(), 2);
+    assert_eq!(v["prefill_cached"].as_array().unwrap().len(), 4, "exact and bounded per length");
+    assert!(v["prefill_cached"][2]["hit_blocks"].as_u64().unwrap() >= 2, "{}", v["prefill_cached"][2]);
+    for d in v["decode"].as_array().unwrap() {
+        assert!(
+            d["tokens_per_s"].as_f64().unwrap() > 0.0
+                && d["itl_p99_ms"].as_f64().unwrap() >= d["itl_p50_ms"].as_f64().unwrap()
+        );
+    }
+}

@@ -169,7 +169,8 @@ impl Attention {
             let first_pos = seq.pos0 as isize - cached as isize;
             for t in t0..t1 {
                 let p = batch.positions[t] as usize;
-                let lo = (p + 1).saturating_sub(self.window);
+                // After a prefix-cache restore the ring starts empty at the replay's first token.
+                let lo = (p + 1).saturating_sub(self.window).max(first_pos.max(0) as usize);
                 let win: Vec<&[f32]> =
                     (lo..=p).map(|j| &keys[(j as isize - first_pos) as usize * hd..][..hd]).collect();
                 let compressed =

@@ -51,6 +51,18 @@ pub struct CompressorState {
     /// Emitted rows, [count, width].
     pub rows: Vec<f32>,
     pub count: usize,
+    /// Index of the next window the buffer will close. Equal to `count` except after a restore
+    /// from the prefix cache, where the rows of the replayed windows are already present: those
+    /// windows only rebuild `prev` and emit nothing.
+    pub next_window: usize,
+}
+
+impl CompressorState {
+    /// A state whose first `count` rows are `rows` (from the prefix cache) and whose buffer
+    /// starts at window `next_window` (the replay's first token is a window boundary).
+    pub fn restored(rows: Vec<f32>, count: usize, next_window: usize) -> CompressorState {
+        CompressorState { rows, count, next_window, ..Default::default() }
+    }
 }
 
 impl Compressor {
@@ -76,15 +88,19 @@ impl Compressor {
                     *gv += a;
                 }
             }
-            let mut row = self.pool(&wkv, &wg, state.prev.as_ref());
+            let window = state.next_window;
+            state.next_window += 1;
+            // A replayed window whose row is cached only rebuilds `prev`.
+            let row = (window >= state.count).then(|| self.pool(&wkv, &wg, state.prev.as_ref()));
             if self.overlap {
                 let w = self.width;
                 let ca: Vec<f32> = wkv.chunks_exact(cw).flat_map(|r| r[..w].to_vec()).collect();
                 let ga: Vec<f32> = wg.chunks_exact(cw).flat_map(|r| r[..w].to_vec()).collect();
                 state.prev = Some((ca, ga));
             }
+            let Some(mut row) = row else { continue };
             rms_norm_rows(&mut row, &self.norm, fin.eps);
-            rope_row(&mut row, fin.rope_dim, (state.count * self.ratio) as i32, fin.inv_freq, false);
+            rope_row(&mut row, fin.rope_dim, (window * self.ratio) as i32, fin.inv_freq, false);
             (fin.post_row)(&mut row);
             state.rows.extend_from_slice(&row);
             state.count += 1;

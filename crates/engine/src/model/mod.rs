@@ -4,6 +4,7 @@
 //! and the MTP head.
 
 mod attention;
+mod cache;
 mod compressor;
 mod linear;
 mod mhc;
@@ -57,6 +58,16 @@ pub struct Trace {
     pub router_topk: BTreeMap<usize, Vec<Vec<u32>>>,
     /// Sorted compressed rows each query attended to, per CSA layer.
     pub indexer_topk: BTreeMap<usize, Vec<Vec<usize>>>,
+}
+
+/// Which rows of a forward get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogitRows {
+    /// Every token (parity checks, speculative verification).
+    #[default]
+    All,
+    /// Each sequence's last token (generation).
+    Last,
 }
 
 /// One sequence's cache state: what the next chunk of tokens needs from the tokens before it.
@@ -271,12 +282,25 @@ impl Loader<'_> {
 impl Model {
     /// Load `dir/config.json` and the checkpoint beside it.
     pub fn load(dir: &Path) -> Result<Model, ModelError> {
+        Model::load_with_progress(dir, &mut |_, _| {})
+    }
+
+    /// `load`, calling `progress(done, total)` as layers are loaded (for progress bars).
+    pub fn load_with_progress(dir: &Path, progress: &mut dyn FnMut(usize, usize)) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open_dir(dir)?;
-        Model::from_checkpoint(cfg, &ck)
+        Model::from_checkpoint_with_progress(cfg, &ck, progress)
     }
 
     pub fn from_checkpoint(cfg: ModelConfig, ck: &Checkpoint) -> Result<Model, ModelError> {
+        Model::from_checkpoint_with_progress(cfg, ck, &mut |_, _| {})
+    }
+
+    fn from_checkpoint_with_progress(
+        cfg: ModelConfig,
+        ck: &Checkpoint,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model, ModelError> {
         if cfg.expert_dtype == ExpertDtype::Fp4 && !cfg.hidden_size.is_multiple_of(32) {
             return Err(ConfigError::Field {
                 field: "expert_dtype".into(),
@@ -293,8 +317,14 @@ impl Model {
         } else {
             l.lin("head.weight", v, d)?
         };
+        let total = cfg.num_layers + cfg.num_mtp_layers + 1;
+        progress(1, total);
         let blocks = (0..cfg.num_layers)
-            .map(|i| l.block(&format!("layers.{i}"), cfg.attention[i], i < cfg.num_hash_layers))
+            .map(|i| {
+                let b = l.block(&format!("layers.{i}"), cfg.attention[i], i < cfg.num_hash_layers);
+                progress(i + 2, total);
+                b
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut mtp = Vec::new();
         for j in 0..cfg.num_mtp_layers {
@@ -383,6 +413,18 @@ impl Model {
         numerics: Numerics,
         want_trace: bool,
     ) -> Result<(Vec<SeqOutput>, Option<Trace>), ModelError> {
+        self.forward_rows(batch, numerics, want_trace, LogitRows::All)
+    }
+
+    /// `forward`, computing the head only for the rows `rows` asks for (the engine needs each
+    /// sequence's last row: the head is the largest matmul of a prefill chunk).
+    pub fn forward_rows(
+        &self,
+        batch: &mut [(&[u32], &mut SequenceState)],
+        numerics: Numerics,
+        want_trace: bool,
+        rows: LogitRows,
+    ) -> Result<(Vec<SeqOutput>, Option<Trace>), ModelError> {
         let mut seqs = Vec::new();
         let (mut positions, mut ids) = (Vec::new(), Vec::new());
         for (tokens, state) in batch.iter() {
@@ -414,7 +456,10 @@ impl Model {
                 tr.layer_out.push(x.clone());
             }
         }
-        let outs = self.finish(&x, &b, &self.hc_head, &self.norm);
+        let outs = match rows {
+            LogitRows::All => self.finish(&x, &b, &self.hc_head, &self.norm),
+            LogitRows::Last => self.finish_last(&x, &b),
+        };
         for (tokens, state) in batch.iter_mut() {
             state.len += tokens.len();
         }
@@ -460,6 +505,28 @@ impl Model {
                 logits: logits[sp.start * v..(sp.start + sp.len) * v].to_vec(),
                 streams: x[sp.start * hc * d..(sp.start + sp.len) * hc * d].to_vec(),
                 final_hidden: hdn[sp.start * d..(sp.start + sp.len) * d].to_vec(),
+            })
+            .collect()
+    }
+
+    /// `finish` for each sequence's last row only (streams and final_hidden hold that row).
+    fn finish_last(&self, x: &[f32], b: &Batch) -> Vec<SeqOutput> {
+        let s = self.shape();
+        let (hc, d, v) = (s.n, s.dim, self.cfg.vocab_size);
+        let last: Vec<f32> = b
+            .seqs
+            .iter()
+            .flat_map(|sp| x[(sp.start + sp.len - 1) * hc * d..(sp.start + sp.len) * hc * d].iter().copied())
+            .collect();
+        let m = b.seqs.len();
+        let mut hdn = self.hc_head.collapse(&last, m, &s);
+        rms_norm_rows(&mut hdn, &self.norm, self.cfg.rms_norm_eps);
+        let logits = self.head.forward(&hdn, m);
+        (0..m)
+            .map(|i| SeqOutput {
+                logits: logits[i * v..(i + 1) * v].to_vec(),
+                streams: last[i * hc * d..(i + 1) * hc * d].to_vec(),
+                final_hidden: hdn[i * d..(i + 1) * d].to_vec(),
             })
             .collect()
     }

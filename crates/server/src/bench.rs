@@ -1,0 +1,183 @@
+//! `deepinfer bench` (docs/BENCH.md): prefill tokens/s for one sequence at several lengths, cold
+//! and with a cached prefix (exact and bounded replay), and decode tokens/s with inter-token
+//! latency at several batch sizes, through the real engine loop. Prints JSON.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use deepinfer_engine::engine::{Event, ReplayMode};
+use deepinfer_engine::sampler::SamplingParams;
+use deepinfer_engine::tiny::Rng;
+use deepinfer_engine::{Engine, EngineConfig, GenerateRequest, Model};
+use serde_json::{json, Value};
+
+use crate::progress::Progress;
+use crate::setup::{self, EngineArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Prompt lengths for the prefill runs (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
+    prefill: Vec<usize>,
+    /// New tokens after a cached prefix.
+    #[arg(long, default_value_t = 64)]
+    suffix: usize,
+    /// Batch sizes for the decode runs.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    decode_batch: Vec<usize>,
+    /// Context (prompt tokens) of each decoding request.
+    #[arg(long, default_value_t = 256)]
+    decode_context: usize,
+    /// Output tokens per decoding request.
+    #[arg(long, default_value_t = 32)]
+    decode_tokens: usize,
+    /// Also write the JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn random_prompt(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    let (lo, span) = (100u64, (vocab as u64).saturating_sub(1100).max(1));
+    (0..n).map(|_| (lo + rng.below(span)) as u32).collect()
+}
+
+fn greedy() -> SamplingParams {
+    SamplingParams { temperature: 0.0, ..Default::default() }
+}
+
+/// Run `reqs` through a streaming engine; per request the token arrival times (seconds).
+fn timed(engine: &Arc<Engine>, reqs: Vec<GenerateRequest>) -> Result<(HashMap<u64, Vec<f64>>, f64)> {
+    let t0 = Instant::now();
+    let h = engine.clone().start();
+    let (tx, rx) = crossbeam::channel::unbounded();
+    for r in reqs {
+        h.submit_to(r, tx.clone());
+    }
+    drop(tx);
+    let mut times: HashMap<u64, Vec<f64>> = HashMap::new();
+    for e in rx.iter() {
+        match e {
+            Event::Token { id, .. } => times.entry(id).or_default().push(t0.elapsed().as_secs_f64()),
+            Event::Done(o) => {
+                if let Some(err) = o.error {
+                    bail!("request {} failed: {err}", o.id);
+                }
+            }
+        }
+    }
+    h.shutdown();
+    Ok((times, t0.elapsed().as_secs_f64()))
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let loaded = setup::load(&a.engine)?;
+    let cfg = loaded.engine.model().config().clone();
+    let (layers, vocab) = (cfg.num_layers, cfg.vocab_size);
+    let base = loaded.engine.config().clone();
+    let mut rng = Rng(20261130);
+    let main = Arc::new(loaded.engine);
+    let bounded = Arc::new(Engine::new(
+        Model::load(&loaded.dir)?,
+        EngineConfig { replay: ReplayMode::Bounded { keep: cfg.sliding_window }, ..base.clone() },
+    )?);
+    let mut bar = Progress::new("bench", a.prefill.len() * 2 + a.decode_batch.len());
+    let mut step = 0;
+
+    // Warm-up (thread start, page faults of the weights), not measured.
+    timed(&main, vec![GenerateRequest::new(0, random_prompt(&mut rng, 64, vocab), 4, greedy())])?;
+
+    let mut prefill = Vec::new();
+    let mut cached = Vec::new();
+    for &n in &a.prefill {
+        if n + a.suffix + 1 > base.max_context {
+            bail!("--prefill {n}: more than --max-context {}", base.max_context);
+        }
+        let prompt = random_prompt(&mut rng, n, vocab);
+        let (t, _) = timed(&main, vec![GenerateRequest::new(0, prompt.clone(), 1, greedy())])?;
+        let s = t[&0][0];
+        prefill.push(json!({"tokens": n, "seconds": s, "tokens_per_s": n as f64 / s,
+                            "token_layers_per_s": (n * layers) as f64 / s}));
+        step += 1;
+        bar.set(step, &format!("prefill {n}"));
+        let mut longer = prompt;
+        longer.extend(random_prompt(&mut rng, a.suffix, vocab));
+        for (mode, engine) in [("exact", &main), ("bounded", &bounded)] {
+            if mode == "bounded" {
+                timed(engine, vec![GenerateRequest::new(0, longer[..n].to_vec(), 1, greedy())])?;
+                // warm its cache
+            }
+            let before = engine.kv_stats();
+            let (t, _) = timed(engine, vec![GenerateRequest::new(1, longer.clone(), 1, greedy())])?;
+            let after = engine.kv_stats();
+            let s = t[&1][0];
+            // A cold prefill of the whole prompt at the cold rate measured above.
+            let cold_s = (n + a.suffix) as f64 / prefill.last().unwrap()["tokens_per_s"].as_f64().unwrap();
+            cached.push(json!({"prefix": n, "new_tokens": a.suffix, "replay": mode, "seconds": s,
+                               "hit_blocks": after.hit_blocks - before.hit_blocks,
+                               "cold_seconds_estimate": cold_s, "speedup": cold_s / s}));
+        }
+        step += 1;
+        bar.set(step, &format!("cached prefix {n}"));
+    }
+
+    let mut decode = Vec::new();
+    for &b in &a.decode_batch {
+        let reqs: Vec<GenerateRequest> = (0..b as u64)
+            .map(|i| {
+                let mut r = GenerateRequest::new(
+                    i,
+                    random_prompt(&mut rng, a.decode_context, vocab),
+                    a.decode_tokens,
+                    greedy(),
+                );
+                r.cache_salt = Some(format!("decode-{b}-{i}")); // no request reuses another's prefix
+                r
+            })
+            .collect();
+        let (times, _) = timed(&main, reqs)?;
+        let start = times.values().map(|t| t[0]).fold(0.0, f64::max);
+        let end = times.values().map(|t| *t.last().unwrap()).fold(0.0, f64::max);
+        let after: usize = times.values().map(|t| t.iter().filter(|x| **x > start).count()).sum();
+        let mut gaps: Vec<f64> = times.values().flat_map(|t| t.windows(2).map(|w| w[1] - w[0])).collect();
+        let tps = after as f64 / (end - start).max(1e-9);
+        decode.push(json!({"batch": b, "context": a.decode_context, "tokens_per_request": a.decode_tokens,
+                           "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
+                           "token_layers_per_s": tps * layers as f64,
+                           "itl_p50_ms": percentile(&mut gaps, 0.5) * 1e3, "itl_p99_ms": percentile(&mut gaps, 0.99) * 1e3}));
+        step += 1;
+        bar.set(step, &format!("decode batch {b}"));
+    }
+    let report: Value = json!({
+        "device": "cpu",
+        "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "model": {"dir": loaded.dir.display().to_string(), "builtin": loaded.builtin, "layers": layers,
+                  "hidden": cfg.hidden_size, "vocab": vocab, "window": cfg.sliding_window,
+                  "block_tokens": base.block_tokens, "exact_replay_tokens": main.model().exact_replay_tokens()},
+        "prefill": prefill,
+        "prefill_cached": cached,
+        "decode": decode,
+    });
+    let text = serde_json::to_string_pretty(&report)?;
+    println!("{text}");
+    if let Some(p) = &a.out {
+        std::fs::File::create(p)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
