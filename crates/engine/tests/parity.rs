@@ -53,3 +53,14 @@ fn official_rounding_is_applied_and_consistent_across_decode() {
     let d = full.iter().zip(&inc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(d <= 1e-5, "official numerics: full vs incremental differ by {d}");
 }
+
+/// The trained model shipped in `models/deepinfer-tiny-v4` (tools/tiny-model): its reference
+/// outputs come from transformers on validation text.
+#[test]
+fn trained_tiny_model_matches_its_reference() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/deepinfer-tiny-v4");
+    let r = parity::check(&dir, None, Numerics::Reference).unwrap();
+    println!("{}", serde_json::to_string(&r).unwrap());
+    assert!(r.passed, "{r:#?}");
+    assert!(r.mtp_max_abs_err.is_some());
+}

@@ -165,7 +165,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let report: Value = json!({
         "device": "cpu",
         "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "model": {"dir": loaded.dir.display().to_string(), "builtin": loaded.builtin, "layers": layers,
+        "model": {"dir": loaded.dir.display().to_string(), "builtin": format!("{:?}", loaded.builtin).to_lowercase(), "layers": layers,
                   "hidden": cfg.hidden_size, "vocab": vocab, "window": cfg.sliding_window,
                   "block_tokens": base.block_tokens, "exact_replay_tokens": main.model().exact_replay_tokens()},
         "prefill": prefill,

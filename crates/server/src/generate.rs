@@ -210,7 +210,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         stats.prefix_hits,
         stats.cached_tokens,
         stats.replayed_tokens,
-        if loaded.builtin { " — built-in random model: the text is noise" } else { "" }
+        loaded.builtin.note()
     );
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

@@ -36,6 +36,24 @@ pub struct EngineArgs {
     pub max_context: usize,
 }
 
+/// The trained tiny model shipped in the repository (`models/deepinfer-tiny-v4`, made by
+/// tools/tiny-model), found when the binary runs from its checkout.
+pub fn shipped_model() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/deepinfer-tiny-v4");
+    dir.join("model.safetensors").is_file().then(|| dir.canonicalize().unwrap_or(dir))
+}
+
+/// What runs without `--model`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// `--model` was given.
+    No,
+    /// The shipped trained model.
+    Trained,
+    /// Random weights (the shipped model is not where this binary was built).
+    Random,
+}
+
 pub fn builtin_model() -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("deepinfer-builtin-tiny-v4-{}", env!("CARGO_PKG_VERSION")));
     if !dir.join("config.json").is_file() {
@@ -52,8 +70,22 @@ pub fn builtin_model() -> Result<PathBuf> {
 pub struct Loaded {
     pub engine: Engine,
     pub tok: DeepseekTokenizer,
-    pub builtin: bool,
+    pub builtin: Builtin,
     pub dir: PathBuf,
+}
+
+impl Builtin {
+    /// A note for the summary line.
+    pub fn note(self) -> &'static str {
+        match self {
+            Builtin::No => "",
+            Builtin::Trained => {
+                " (built-in deepinfer-tiny-v4: 7.5M parameters trained on public-domain and permissively licensed text; \
+                 expect short, simple answers)"
+            }
+            Builtin::Random => " (built-in random weights: the text is noise)",
+        }
+    }
 }
 
 pub fn load(a: &EngineArgs) -> Result<Loaded> {
@@ -70,9 +102,12 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
             if !d.join("config.json").is_file() {
                 bail!("--model {}: no config.json there (expected a Hugging Face checkpoint directory)", d.display());
             }
-            (d.clone(), false)
+            (d.clone(), Builtin::No)
         }
-        None => (builtin_model()?, true),
+        None => match shipped_model() {
+            Some(d) => (d, Builtin::Trained),
+            None => (builtin_model()?, Builtin::Random),
+        },
     };
     let mut bar = Progress::new("loading", 1);
     let model = Model::load_with_progress(&dir, &mut |done, total| {
@@ -97,11 +132,6 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
     }
     .with_env(model.config().sliding_window)?;
     let engine = Engine::new(model, cfg)?.with_tokenizer(tok.clone())?;
-    eprintln!(
-        "loaded {} in {:.2}s{}",
-        dir.display(),
-        t0.elapsed().as_secs_f64(),
-        if builtin { " (built-in random weights: the text is noise)" } else { "" }
-    );
+    eprintln!("loaded {} in {:.2}s{}", dir.display(), t0.elapsed().as_secs_f64(), builtin.note());
     Ok(Loaded { engine, tok, builtin, dir })
 }

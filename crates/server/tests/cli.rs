@@ -149,9 +149,11 @@ fn generate_runs_the_builtin_model_and_names_bad_input() {
     let out = deepinfer(&["generate", "--prompt", "Hello", "--max-tokens", "5", "--output", "json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["tokens"].as_array().unwrap().len(), 5);
+    let n = v["tokens"].as_array().unwrap().len();
+    assert!((1..=5).contains(&n), "{v}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("generated tokens {n}")));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("the text is noise") && err.contains("generated tokens 5"), "{err}");
+    assert!(err.contains("deepinfer-tiny-v4"), "the shipped trained model is the default: {err}");
     let bad = deepinfer(&["generate", "--prompt", "Hello", "--temperature", "5", "--output", "json"]);
     assert!(!bad.status.success());
     let v: serde_json::Value = serde_json::from_slice(&bad.stdout).unwrap();
@@ -184,11 +186,17 @@ fn generate_follows_a_json_schema_a_regex_and_stop_strings() {
     let out = deepinfer(&[&args[..], &["--regex", "[0-9]{3}-[a-z]{2}", "--output", "json"]].concat());
     let text = json_lines(&out)[0]["text"].as_str().unwrap().to_string();
     assert!(text.len() == 6 && text.as_bytes()[3] == b'-', "{text}");
-    // A stop string taken from the free output cuts it there.
-    let free = deepinfer(&["generate", "--prompt", "Hello", "--max-tokens", "24", "--output", "json"]);
-    let full = json_lines(&free)[0]["text"].as_str().unwrap().to_string();
+    // A stop string taken from the free output cuts it there (a seed whose answer is long enough).
+    let sampled = |seed: &str, extra: &[&str]| {
+        let args = ["generate", "--prompt", "Tell me a story.", "--max-tokens", "24", "--temperature", "1"];
+        deepinfer(&[&args[..], &["--seed", seed, "--output", "json"], extra].concat())
+    };
+    let (seed, full) = (1..20)
+        .map(|s| (s.to_string(), json_lines(&sampled(&s.to_string(), &[]))[0]["text"].as_str().unwrap().to_string()))
+        .find(|(_, t)| t.chars().count() >= 12)
+        .expect("some seed gives 12 characters");
     let stop: String = full.chars().skip(6).take(2).collect();
-    let cut = deepinfer(&["generate", "--prompt", "Hello", "--max-tokens", "24", "--stop", &stop, "--output", "json"]);
+    let cut = sampled(&seed, &["--stop", &stop]);
     let v = &json_lines(&cut)[0];
     assert_eq!(v["text"].as_str().unwrap(), &full[..full.find(&stop).unwrap()]);
     assert_eq!(v["finish"], "stop");
