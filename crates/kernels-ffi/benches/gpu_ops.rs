@@ -7,7 +7,7 @@
 //! 4.25 TB/s (the measured device-to-device copy rate of the H200).
 
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
-use deepinfer_kernels_ffi::{ops, Element, RmsNormParams, RopeConfig, RopeParams, Stream};
+use deepinfer_kernels_ffi::{ops, Element, GemmParams, RmsNormParams, RopeConfig, RopeParams, Stream};
 use half::bf16;
 
 const FLOOR_BYTES_PER_S: f64 = 4.25e12;
@@ -29,6 +29,26 @@ fn time_ms(s: &Stream, mut f: impl FnMut()) -> f64 {
         f();
         let b = s.record_event().unwrap();
         t.push(a.elapsed_ms(&b).unwrap());
+    }
+    median(t)
+}
+
+/// Milliseconds per call of `f`, from back-to-back batches of `BATCH` calls between two events
+/// (median of 20 batches): decode GEMMs run a few microseconds, where one event pair per launch
+/// would mostly time the launch itself; an engine step issues them back to back (or in a graph).
+fn time_batched_ms(s: &Stream, mut f: impl FnMut()) -> f64 {
+    const BATCH: usize = 20;
+    for _ in 0..WARMUP {
+        f();
+    }
+    let mut t = Vec::with_capacity(20);
+    for _ in 0..20 {
+        let a = s.record_event().unwrap();
+        for _ in 0..BATCH {
+            f();
+        }
+        let b = s.record_event().unwrap();
+        t.push(a.elapsed_ms(&b).unwrap() / BATCH as f32);
     }
     median(t)
 }
@@ -85,6 +105,74 @@ fn rope_case(s: &Stream, rng: &mut SplitMix, tokens: u32) -> serde_json::Value {
         "bytes": bytes, "median_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms})
 }
 
+/// Weight bytes / 4.3 TB/s: the floor issue #7 sets for decode GEMMs.
+const GEMM_FLOOR_BYTES_PER_S: f64 = 4.3e12;
+/// Enough copies of a weight that a timed cycle over them streams more than 4x the 60 MB L2.
+const GEMM_STREAM_BYTES: usize = 256 << 20;
+
+/// One decode GEMM shape: our FP8 or FP4 kernel, then cuBLASLt bf16 on the same shape, each over
+/// rotating copies of the weight (so every launch reads HBM).
+fn gemm_case(
+    s: &Stream,
+    rng: &mut SplitMix,
+    f: ops::WeightFormat,
+    what: &str,
+    m: u32,
+    n: usize,
+    k: usize,
+) -> serde_json::Value {
+    let p = GemmParams::new(m, n as u32, k as u32, f == ops::WeightFormat::Fp8Block128);
+    let (wb, sb) = f.bytes(n, k);
+    let w: Vec<u8> = (0..wb).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(rng.next_u64())).collect();
+    let sc: Vec<u8> = (0..sb).map(|_| 120 + (rng.next_u64() % 6) as u8).collect();
+    let x: Vec<bf16> = to(&rng.vec(m as usize * k));
+    let copies = GEMM_STREAM_BYTES.div_ceil(wb).max(2);
+    let ws: Vec<_> = (0..copies).map(|_| s.upload(&w).unwrap()).collect();
+    let scb = s.upload(&sc).unwrap();
+    let xb = s.upload(&x).unwrap();
+    let mut y = s.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap();
+    ops::gemm_lowp(s, f, &xb, &ws[0], &scb, &mut y, &p).unwrap();
+    let got: Vec<f32> = s.download(&y).unwrap().iter().map(|v| v.to_f32()).collect();
+    let mut want = vec![bf16::ZERO; m as usize * n];
+    match f {
+        ops::WeightFormat::Fp8Block128 => deepinfer_kernels_ffi::cpu::gemm_fp8(&x, &w, &sc, &mut want, &p),
+        ops::WeightFormat::Fp4Row32 => deepinfer_kernels_ffi::cpu::gemm_fp4(&x, &w, &sc, &mut want, &p),
+    }
+    let want: Vec<f32> = want.iter().map(|v| v.to_f32()).collect();
+    let (rel, _) = rel_err(&got, &want);
+    assert!(rel < 4e-3, "gemm {f:?} {m}x{n}x{k}: rel_err {rel:e} against the CPU");
+    let mut i = 0;
+    let ms = time_batched_ms(s, || {
+        i += 1;
+        ops::gemm_lowp(s, f, &xb, &ws[i % copies], &scb, &mut y, &p).unwrap()
+    });
+    drop(ws);
+    let floor_ms = (wb + sb) as f64 / GEMM_FLOOR_BYTES_PER_S * 1e3;
+    // cuBLASLt bf16, same shape.
+    let wbf: Vec<bf16> = to(&rng.vec(n * k));
+    let bcopies = GEMM_STREAM_BYTES.div_ceil(2 * n * k).max(2);
+    let wbs: Vec<_> = (0..bcopies).map(|_| s.upload(&wbf).unwrap()).collect();
+    let pb = GemmParams::new(m, n as u32, k as u32, false);
+    let mut j = 0;
+    let ms_bf16 = time_batched_ms(s, || {
+        j += 1;
+        ops::gemm_bf16(s, &xb, &wbs[j % bcopies], &mut y, &pb).unwrap()
+    });
+    let floor_bf16 = (2 * n * k) as f64 / GEMM_FLOOR_BYTES_PER_S * 1e3;
+    println!(
+        "gemm {what:<22} {f:?} m={m:<2} n={n:<5} k={k:<5} {:>7.2} MB  median {ms:>7.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3} | cuBLASLt bf16 {ms_bf16:.4} ms (achieved/floor {:.3}) ours/cuBLASLt speed {:.2}x  rel_err {rel:.1e}",
+        (wb + sb) as f64 / 1e6,
+        floor_ms / ms,
+        floor_bf16 / ms_bf16,
+        ms_bf16 / ms
+    );
+    serde_json::json!({"op": "gemm_lowp", "weights": what, "format": format!("{f:?}"), "m": m, "n": n, "k": k,
+        "kernel": format!("di_gemm_{}_m{}", if f == ops::WeightFormat::Fp8Block128 {"fp8"} else {"fp4"}, [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap()),
+        "quantize_x": p.quantize_x != 0, "weight_and_scale_bytes": wb + sb, "median_ms": ms, "floor_ms": floor_ms,
+        "achieved_over_floor": floor_ms / ms, "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_achieved_over_floor": floor_bf16 / ms_bf16,
+        "speedup_over_cublaslt_bf16": ms_bf16 / ms, "rel_err_vs_cpu": rel})
+}
+
 fn main() {
     let Some(dev) = cuda_device_or_skip("gpu_ops bench") else {
         return;
@@ -100,6 +188,22 @@ fn main() {
         rms_case::<bf16>(&s, &mut rng, 64, 4096),
         rope_case(&s, &mut rng, 8192),
     ];
+    let mut results = results;
+    // V4-Flash decode GEMMs: FP8 dense projections and FP4 routed experts (MODEL_V4.md §1).
+    use ops::WeightFormat::{Fp4Row32, Fp8Block128};
+    let shapes = [
+        (Fp8Block128, "attn.wq_a", 1024, 4096),
+        (Fp8Block128, "attn.wq_b", 32768, 1024),
+        (Fp8Block128, "attn.wo_b", 4096, 8192),
+        (Fp8Block128, "shared_experts.w1", 2048, 4096),
+        (Fp4Row32, "experts.w1", 2048, 4096),
+        (Fp4Row32, "experts.w2", 4096, 2048),
+    ];
+    for m in [1u32, 4, 16] {
+        for (f, what, n, k) in shapes {
+            results.push(gemm_case(&s, &mut rng, f, what, m, n, k));
+        }
+    }
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
     let gpu = report.gpus.first().map(|g| g.name.clone()).unwrap_or_default();
     let doc = serde_json::json!({
@@ -107,7 +211,7 @@ fn main() {
         "device": gpu,
         "driver": report.driver_version.unwrap_or_else(|e| e),
         "floor_bytes_per_s": FLOOR_BYTES_PER_S,
-        "method": "CUDA events per launch, 5 warm-up + 50 timed, median; output checked against the CPU backend",
+        "method": "norms and rope: CUDA events around each launch, 5 warm-up + 50 timed, median; decode GEMMs: events around batches of 20 back-to-back launches over rotating weight copies (> 256 MiB, so HBM), median of 20 batches; outputs checked against the CPU backend",
         "results": results,
     });
     if let Some(path) = std::env::var_os("DEEPINFER_BENCH_JSON") {

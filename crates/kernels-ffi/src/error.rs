@@ -14,6 +14,8 @@ pub enum FfiError {
     NoSuchDevice { ordinal: usize, count: usize },
     #[error("CUDA driver error: {0}")]
     Driver(String),
+    #[error("cuBLASLt error: {0}")]
+    Blas(String),
     #[error("{op}: invalid `{field}`: {detail}")]
     Shape { op: &'static str, field: &'static str, detail: String },
     #[error("{op}: `{field}` lives on {found}, but the stream runs on {expected}")]
@@ -32,5 +34,12 @@ impl FfiError {
 impl From<cudarc::driver::DriverError> for FfiError {
     fn from(e: cudarc::driver::DriverError) -> Self {
         FfiError::Driver(format!("{e:?}"))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<cudarc::cublaslt::result::CublasError> for FfiError {
+    fn from(e: cudarc::cublaslt::result::CublasError) -> Self {
+        FfiError::Blas(format!("{e:?}"))
     }
 }

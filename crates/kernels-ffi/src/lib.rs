@@ -29,6 +29,7 @@ mod embedded;
 mod error;
 pub mod ops;
 pub mod params;
+pub mod quant;
 pub mod report;
 pub mod rope;
 pub mod testing;
@@ -36,7 +37,7 @@ pub mod testing;
 pub use device::{Device, DeviceBuffer, DeviceKind, Event, Stream};
 pub use element::{DType, Element};
 pub use error::FfiError;
-pub use params::{RmsNormParams, RopeParams};
+pub use params::{GemmParams, RmsNormParams, RopeParams};
 pub use rope::{RopeConfig, Yarn};
 
 /// Result of every fallible call in this crate.

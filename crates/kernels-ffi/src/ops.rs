@@ -7,7 +7,7 @@
 use crate::device::{DeviceBuffer, Storage, Stream};
 use crate::element::Element;
 use crate::error::FfiError;
-use crate::params::{RmsNormParams, RopeParams};
+use crate::params::{GemmParams, RmsNormParams, RopeParams};
 use crate::{cpu, Result};
 
 /// Elements a buffer of `rows` rows of `dim`, `stride` apart, must hold.
@@ -112,6 +112,120 @@ pub fn rope<T: Element>(
     }
 }
 
+/// Largest `m` the decode GEMM kernels take (prefill-sized GEMMs are not built yet).
+pub const GEMM_DECODE_MAX_M: u32 = 16;
+
+/// Which low-precision weight format a GEMM reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// e4m3 [n, k] with ue8m0 scales over 128×128 blocks.
+    Fp8Block128,
+    /// e2m1 packed [n, k/2] with ue8m0 scales per 1×32.
+    Fp4Row32,
+}
+
+impl WeightFormat {
+    /// Bytes of the weight and of its scales for an [n, k] matrix.
+    pub fn bytes(self, n: usize, k: usize) -> (usize, usize) {
+        match self {
+            WeightFormat::Fp8Block128 => (n * k, n.div_ceil(128) * k.div_ceil(128)),
+            WeightFormat::Fp4Row32 => (n * k / 2, n * k / 32),
+        }
+    }
+}
+
+/// y[m, n] = Σ_k x[m, k]·W[n, k] for decode-sized m (≤ [`GEMM_DECODE_MAX_M`]) with FP8 or FP4
+/// weights (see [`GemmParams`]); x and y bf16, fp32 accumulation.
+pub fn gemm_lowp(
+    stream: &Stream,
+    format: WeightFormat,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &GemmParams,
+) -> Result<()> {
+    const OP: &str = "gemm_lowp";
+    if p.m == 0 || p.m > GEMM_DECODE_MAX_M {
+        return Err(FfiError::shape(
+            OP,
+            "m",
+            format!("{} is outside 1..={GEMM_DECODE_MAX_M} (the decode kernels; prefill GEMMs are not built yet)", p.m),
+        ));
+    }
+    let align = if format == WeightFormat::Fp8Block128 { 16 } else { 32 };
+    if p.n == 0 || p.k == 0 || !p.k.is_multiple_of(align) {
+        return Err(FfiError::shape(
+            OP,
+            "k",
+            format!("n {} and k {} must be positive, k a multiple of {align}", p.n, p.k),
+        ));
+    }
+    if format == WeightFormat::Fp4Row32 && p.quantize_x != 0 {
+        return Err(FfiError::shape(OP, "quantize_x", "FP4 weights take bf16 activations"));
+    }
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let (wb, sb) = format.bytes(n, k);
+    check_len(OP, "x", x, m * k)?;
+    check_len(OP, "w", w, wb)?;
+    check_len(OP, "scale", scale, sb)?;
+    check_len(OP, "y", y, m * n)?;
+    stream.check_on(OP, "x", x)?;
+    stream.check_on(OP, "w", w)?;
+    stream.check_on(OP, "scale", scale)?;
+    stream.check_on(OP, "y", y)?;
+    match (&x.storage, &w.storage, &scale.storage, &mut y.storage) {
+        (Storage::Host(x), Storage::Host(w), Storage::Host(s), Storage::Host(y)) => {
+            match format {
+                WeightFormat::Fp8Block128 => cpu::gemm_fp8(x, w, s, y, p),
+                WeightFormat::Fp4Row32 => cpu::gemm_fp4(x, w, s, y, p),
+            }
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(s), Storage::Cuda(y)) => {
+            crate::cuda::launch::gemm_lowp(stream, format, x, w, s, y, p)
+        }
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified every buffer is on the stream's device"),
+    }
+}
+
+/// y[m, n] = Σ_k x[m, k]·W[n, k] with bf16 W (any m; cuBLASLt on CUDA, fp32 accumulation).
+/// `quantize_x` must be 0.
+pub fn gemm_bf16(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<half::bf16>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &GemmParams,
+) -> Result<()> {
+    const OP: &str = "gemm_bf16";
+    if p.m == 0 || p.n == 0 || p.k == 0 {
+        return Err(FfiError::shape(OP, "m", format!("m {}, n {}, k {} must be positive", p.m, p.n, p.k)));
+    }
+    if p.quantize_x != 0 {
+        return Err(FfiError::shape(OP, "quantize_x", "bf16 GEMMs do not quantise activations"));
+    }
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    check_len(OP, "x", x, m * k)?;
+    check_len(OP, "w", w, n * k)?;
+    check_len(OP, "y", y, m * n)?;
+    stream.check_on(OP, "x", x)?;
+    stream.check_on(OP, "w", w)?;
+    stream.check_on(OP, "y", y)?;
+    match (&x.storage, &w.storage, &mut y.storage) {
+        (Storage::Host(x), Storage::Host(w), Storage::Host(y)) => {
+            cpu::gemm_bf16(x, w, y, p);
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(y)) => crate::cuda::launch::gemm_bf16(stream, x, w, y, p),
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified every buffer is on the stream's device"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +244,24 @@ mod tests {
         let p = RmsNormParams { rows: 2, dim: 2, row_stride: 1, eps: 1e-6 };
         let err = rms_norm(&s, &x, &w, &mut out, &p).unwrap_err();
         assert!(err.to_string().contains("`row_stride`"), "{err}");
+    }
+
+    #[test]
+    fn gemm_lowp_names_bad_fields() {
+        let s = Device::cpu().default_stream();
+        let x = s.zeros::<half::bf16>(64).unwrap();
+        let w = s.zeros::<u8>(64 * 4).unwrap();
+        let sc = s.zeros::<u8>(4).unwrap();
+        let mut y = s.zeros::<half::bf16>(16).unwrap();
+        let e = |p: GemmParams, f| {
+            let mut y = s.zeros::<half::bf16>(16).unwrap();
+            gemm_lowp(&s, f, &x, &w, &sc, &mut y, &p).unwrap_err().to_string()
+        };
+        assert!(e(GemmParams::new(17, 4, 64, false), WeightFormat::Fp8Block128).contains("`m`"));
+        assert!(e(GemmParams::new(1, 4, 60, false), WeightFormat::Fp8Block128).contains("`k`"));
+        assert!(e(GemmParams::new(1, 4, 64, true), WeightFormat::Fp4Row32).contains("`quantize_x`"));
+        assert!(e(GemmParams::new(2, 4, 64, false), WeightFormat::Fp8Block128).contains("`x`"));
+        gemm_lowp(&s, WeightFormat::Fp8Block128, &x, &w, &sc, &mut y, &GemmParams::new(1, 4, 64, false)).unwrap();
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod generated {
     include!("generated/params.rs");
 }
 
-pub use generated::{DiRmsNormParams as RmsNormParams, DiRopeParams as RopeParams};
+pub use generated::{DiGemmParams as GemmParams, DiRmsNormParams as RmsNormParams, DiRopeParams as RopeParams};
 
 impl RmsNormParams {
     /// `rows` rows of `dim` contiguous elements.
@@ -23,9 +23,17 @@ impl RopeParams {
     }
 }
 
-// SAFETY: both structs are #[repr(C)] plain data (u32/f32 fields only), laid out exactly as the
+impl GemmParams {
+    pub fn new(m: u32, n: u32, k: u32, quantize_x: bool) -> Self {
+        GemmParams { m, n, k, quantize_x: quantize_x as u32 }
+    }
+}
+
+// SAFETY: the structs are #[repr(C)] plain data (u32/f32 fields only), laid out exactly as the
 // C header the kernels are compiled against; bindgen's layout tests check size and offsets.
 #[cfg(feature = "cuda")]
 unsafe impl cudarc::driver::DeviceRepr for RmsNormParams {}
 #[cfg(feature = "cuda")]
 unsafe impl cudarc::driver::DeviceRepr for RopeParams {}
+#[cfg(feature = "cuda")]
+unsafe impl cudarc::driver::DeviceRepr for GemmParams {}

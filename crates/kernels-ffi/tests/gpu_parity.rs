@@ -140,3 +140,74 @@ fn gpu_rope_matches_cpu() {
     }
     check_rope::<f32>(&s, &mut rng, &tiny, 64, 4, 64, F32_TOL);
 }
+
+/// Random FP8/FP4 weights and scales for an [n, k] matrix (scales near 2^0: outputs O(1)).
+fn lowp_weights(rng: &mut SplitMix, f: ops::WeightFormat, n: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
+    let (wb, sb) = f.bytes(n, k);
+    let w = (0..wb).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(rng.next_u64())).collect();
+    let s = (0..sb).map(|_| 120 + (rng.next_u64() % 6) as u8).collect();
+    (w, s)
+}
+
+fn gemm_on(
+    s: &Stream,
+    f: ops::WeightFormat,
+    x: &[bf16],
+    w: &[u8],
+    sc: &[u8],
+    p: &deepinfer_kernels_ffi::GemmParams,
+) -> Vec<f32> {
+    let (xb, wb, sb) = (s.upload(x).unwrap(), s.upload(w).unwrap(), s.upload(sc).unwrap());
+    let mut y = s.upload(&to::<bf16>(&vec![f32::NAN; (p.m * p.n) as usize])).unwrap();
+    ops::gemm_lowp(s, f, &xb, &wb, &sb, &mut y, p).unwrap();
+    from(&s.download(&y).unwrap())
+}
+
+/// Decode GEMMs with FP8 (with and without activation quantisation) and FP4 weights, every batch
+/// tile (m = 1..16), odd n and k that are not multiples of the k tile. Tolerance: both sides sum
+/// in f32 (different order) and round once to bf16, as for the norms (4e-3); the FP8 activation
+/// rounding is the same correctly rounded e4m3 on both sides.
+#[test]
+fn gpu_gemm_lowp_matches_cpu() {
+    let Some(dev) = cuda_device_or_skip("gpu_gemm_lowp_matches_cpu") else { return };
+    let gpu = dev.default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let cpu = Device::cpu().default_stream();
+    for (f, q) in [
+        (ops::WeightFormat::Fp8Block128, false),
+        (ops::WeightFormat::Fp8Block128, true),
+        (ops::WeightFormat::Fp4Row32, false),
+    ] {
+        for m in [1u32, 2, 3, 5, 8, 11, 16] {
+            let n = 1 + (rng.next_u64() % 700) as usize;
+            let k = 32 * (1 + (rng.next_u64() % 150) as usize);
+            let x: Vec<bf16> = to(&rng.vec(m as usize * k));
+            let (w, sc) = lowp_weights(&mut rng, f, n, k);
+            let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, q);
+            let want = gemm_on(&cpu, f, &x, &w, &sc, &p);
+            let got = gemm_on(&gpu, f, &x, &w, &sc, &p);
+            let (rel, max) = rel_err(&got, &want);
+            println!("parity gemm {f:?} quantize_x={q} m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+            assert!(rel < BF16_TOL, "gemm {f:?} q={q} m={m} n={n} k={k}: rel_err {rel:e}");
+        }
+    }
+    // bf16 through cuBLASLt (any m).
+    for (m, n, k) in [(1u32, 300usize, 512usize), (7, 1024, 4096), (64, 257, 1000)] {
+        let x: Vec<bf16> = to(&rng.vec(m as usize * k));
+        let w: Vec<bf16> = to(&rng.vec(n * k).iter().map(|v| v * 0.05).collect::<Vec<_>>());
+        let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, false);
+        let run = |s: &Stream| {
+            let (xb, wb) = (s.upload(&x).unwrap(), s.upload(&w).unwrap());
+            let mut y = s.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap();
+            ops::gemm_bf16(s, &xb, &wb, &mut y, &p).unwrap();
+            from(&s.download(&y).unwrap())
+        };
+        let (rel, max) = rel_err(&run(&gpu), &run(&cpu));
+        println!(
+            "parity gemm bf16 (cuBLASLt) m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})"
+        );
+        assert!(rel < BF16_TOL, "gemm bf16 m={m} n={n} k={k}: rel_err {rel:e}");
+    }
+}

@@ -3,8 +3,11 @@
 //! These functions are the numerical specification. The CUDA kernels are checked against them,
 //! and the CPU model calls them directly.
 
+mod gemm;
 mod norm;
 mod rope;
+
+pub use gemm::{gemm_bf16, gemm_fp4, gemm_fp8};
 
 pub use norm::{rms_norm, rms_norm_row};
 pub use rope::{rope, rope_row};

@@ -16,6 +16,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// cuBLASLt handles (each with its 32 MiB workspace) per stream, made on first use.
+    blas_lt: Mutex<Vec<(Arc<CudaStream>, Arc<cudarc::cublaslt::CudaBlasLT>)>>,
 }
 
 impl CudaBackend {
@@ -32,6 +34,7 @@ impl CudaBackend {
             stream,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            blas_lt: Mutex::new(Vec::new()),
         }))
     }
 
@@ -49,6 +52,17 @@ impl CudaBackend {
 
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
         Ok(self.ctx.new_stream()?)
+    }
+
+    /// The cuBLASLt handle bound to `stream`.
+    pub fn blas_lt(&self, stream: &Arc<CudaStream>) -> Result<Arc<cudarc::cublaslt::CudaBlasLT>> {
+        let mut all = lock(&self.blas_lt);
+        if let Some((_, h)) = all.iter().find(|(s, _)| Arc::ptr_eq(s, stream)) {
+            return Ok(h.clone());
+        }
+        let h = Arc::new(cudarc::cublaslt::CudaBlasLT::new(stream.clone())?);
+        all.push((stream.clone(), h.clone()));
+        Ok(h)
     }
 
     /// The entry point `name` of kernel module `module` (the `.cu` file stem), loaded on first use.

@@ -100,6 +100,80 @@ pub(crate) fn rope<T: Element>(
     Ok(())
 }
 
+/// Kernel entry point for a decode GEMM: the smallest batch tile that holds `m` rows.
+pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32) -> String {
+    let tile = [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap_or(16);
+    let f = match format {
+        crate::ops::WeightFormat::Fp8Block128 => "fp8",
+        crate::ops::WeightFormat::Fp4Row32 => "fp4",
+    };
+    format!("di_gemm_{f}_m{tile}")
+}
+
+/// Outputs (rows of W) per block of the decode GEMM kernels: one per warp (WARPS in gemm.cu).
+const GEMM_ROWS_PER_BLOCK: u32 = 8;
+
+pub(crate) fn gemm_lowp(
+    stream: &Stream,
+    format: crate::ops::WeightFormat,
+    x: &CudaSlice<half::bf16>,
+    w: &CudaSlice<u8>,
+    scale: &CudaSlice<u8>,
+    y: &mut CudaSlice<half::bf16>,
+    p: &crate::params::GemmParams,
+) -> Result<()> {
+    let f = backend(stream).function("gemm", &gemm_lowp_kernel(format, p.m))?;
+    let cfg = LaunchConfig {
+        grid_dim: (p.n.div_ceil(GEMM_ROWS_PER_BLOCK), 1, 1),
+        block_dim: (32 * GEMM_ROWS_PER_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    // SAFETY: matches di_gemm_{fp8,fp4}_m* in gemm.cu; the op checked 1 <= m <= 16 (the tile
+    // holds m rows), k's alignment (16-byte weight vectors, 1x32 FP4 groups), and the lengths of
+    // x [m, k], w, scale and y [m, n] for the format.
+    unsafe { s.launch_builder(&f).arg(x).arg(w).arg(scale).arg(y).arg(p).launch(cfg) }?;
+    Ok(())
+}
+
+pub(crate) fn gemm_bf16(
+    stream: &Stream,
+    x: &CudaSlice<half::bf16>,
+    w: &CudaSlice<half::bf16>,
+    y: &mut CudaSlice<half::bf16>,
+    p: &crate::params::GemmParams,
+) -> Result<()> {
+    use cudarc::cublaslt::{Matmul, MatmulConfig};
+    super::libraries::require_cublaslt()?;
+    let s = stream.cuda_stream("gemm_bf16", "x")?;
+    let lt = backend(stream).blas_lt(s)?;
+    // Row-major y[m, n] = x[m, k]·W[n, k]ᵀ is column-major yᵀ[n, m] = W·xᵀ: A = W (stored k×n
+    // column-major, transposed), B = xᵀ (k×m), C = yᵀ (n×m).
+    let (m, n, k) = (p.m as u64, p.n as u64, p.k as u64);
+    let cfg = MatmulConfig {
+        transa: true,
+        transb: false,
+        transc: false,
+        m: n,
+        n: m,
+        k,
+        alpha: 1.0,
+        lda: k as i64,
+        ldb: k as i64,
+        beta: 0.0,
+        ldc: n as i64,
+        stride_a: None,
+        stride_b: None,
+        stride_c: None,
+        stride_bias: None,
+        batch_size: None,
+    };
+    // SAFETY: the op checked x [m, k], W [n, k] and y [m, n]; the config describes exactly those
+    // column-major views, so cuBLASLt reads and writes inside the three buffers.
+    unsafe { lt.matmul(cfg, w, x, y, None, None) }?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,3 +55,28 @@ const _: () = {
         "Offset of field: DiRopeParams::inverse",
     ][::std::mem::offset_of!(DiRopeParams, inverse) - 16usize];
 };
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct DiGemmParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub quantize_x: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of DiGemmParams"][::std::mem::size_of::<DiGemmParams>() - 16usize];
+    ["Alignment of DiGemmParams"][::std::mem::align_of::<DiGemmParams>() - 4usize];
+    [
+        "Offset of field: DiGemmParams::m",
+    ][::std::mem::offset_of!(DiGemmParams, m) - 0usize];
+    [
+        "Offset of field: DiGemmParams::n",
+    ][::std::mem::offset_of!(DiGemmParams, n) - 4usize];
+    [
+        "Offset of field: DiGemmParams::k",
+    ][::std::mem::offset_of!(DiGemmParams, k) - 8usize];
+    [
+        "Offset of field: DiGemmParams::quantize_x",
+    ][::std::mem::offset_of!(DiGemmParams, quantize_x) - 12usize];
+};

@@ -1,0 +1,210 @@
+//! Decoding of the checkpoint's storage formats to f32 (MODEL_V4.md §10.1), and the official
+//! runtime rounding (§10.1 "official runtime numerics", §6.3): the model's `Numerics::Official`
+//! and the CPU references of the FP8/FP4 GEMM kernels use them.
+//!
+//! * FP8 e4m3fn: bias 7, no infinities, max 448, NaN = 0x7F / 0xFF.
+//! * ue8m0 scale: 2^(byte − 127).
+//! * FP4 e2m1: sign bit 3, magnitudes [0, .5, 1, 1.5, 2, 3, 4, 6]; byte j of a row holds element
+//!   2j in the low nibble and 2j+1 in the high nibble.
+
+/// Value of an FP8 e4m3fn byte.
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((b >> 3) & 0x0f) as i32;
+    let man = (b & 0x07) as f32;
+    if exp == 0x0f && (b & 0x07) == 0x07 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f32.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    }
+}
+
+/// Value of a ue8m0 scale byte: 2^(b − 127). 0xFF is NaN.
+pub fn e8m0_to_f32(b: u8) -> f32 {
+    if b == 0xff {
+        f32::NAN
+    } else {
+        2f32.powi(b as i32 - 127)
+    }
+}
+
+/// An e4m3 byte from random bits, never NaN (0x7F/0xFF become 0x7E/0xFE): test inputs.
+pub fn random_e4m3(bits: u64) -> u8 {
+    let b = bits as u8;
+    if b & 0x7f == 0x7f {
+        b ^ 1
+    } else {
+        b
+    }
+}
+
+/// FP4 e2m1 code -> value.
+pub const FP4_LUT: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// Dequantise an FP8 [n, k] weight with ue8m0 scales over [bn, bk] blocks.
+pub fn dequant_fp8_blocks(q: &[u8], scale: &[u8], n: usize, k: usize, block: [usize; 2]) -> Vec<f32> {
+    let kb = k.div_ceil(block[1]);
+    let mut out = Vec::with_capacity(n * k);
+    for r in 0..n {
+        for c in 0..k {
+            out.push(e4m3_to_f32(q[r * k + c]) * e8m0_to_f32(scale[(r / block[0]) * kb + c / block[1]]));
+        }
+    }
+    out
+}
+
+/// Dequantise a packed FP4 [n, k] weight (bytes [n, k/2]) with ue8m0 scales per 32 elements.
+pub fn dequant_fp4_rows(packed: &[u8], scale: &[u8], n: usize, k: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * k);
+    for r in 0..n {
+        for c in 0..k {
+            let byte = packed[r * (k / 2) + c / 2];
+            let code = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            out.push(FP4_LUT[code as usize] * e8m0_to_f32(scale[r * (k / 32) + c / 32]));
+        }
+    }
+    out
+}
+
+/// Round to the nearest e4m3fn value (ties to even), saturating at ±448.
+pub fn round_e4m3(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs().min(448.0);
+    if a == 0.0 {
+        return 0.0f32.copysign(x);
+    }
+    // Spacing of e4m3 values near a: subnormals below 2^-6 are spaced 2^-9.
+    let e = a.log2().floor().max(-6.0) as i32;
+    let step = 2f32.powi(e - 3);
+    let r = (a / step).round_ties_even() * step;
+    r.min(448.0).copysign(x)
+}
+
+/// Round to the nearest e2m1 magnitude (ties to even code), clamped at ±6.
+pub fn round_e2m1(x: f32) -> f32 {
+    let a = x.abs().min(6.0);
+    let mut best = 0usize;
+    for (i, v) in FP4_LUT[..8].iter().enumerate() {
+        let (d, db) = ((a - v).abs(), (a - FP4_LUT[best]).abs());
+        if d < db || (d == db && i % 2 == 0 && best % 2 == 1) {
+            best = i;
+        }
+    }
+    FP4_LUT[best].copysign(x)
+}
+
+/// Power-of-two scale 2^ceil(log2(amax / qmax)) of a block, amax floored at `floor`.
+fn pow2_scale(block: &[f32], qmax: f32, floor: f32) -> f32 {
+    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs())).max(floor);
+    2f32.powf((amax / qmax).log2().ceil())
+}
+
+/// FP8 round trip in blocks of `block` values with ue8m0 scales (activation quantisation before
+/// FP8/FP4 GEMMs uses 128, the KV QAT 64).
+pub fn fp8_round_trip(x: &mut [f32], block: usize, amax_floor: f32) {
+    for b in x.chunks_mut(block) {
+        let s = pow2_scale(b, 448.0, amax_floor);
+        for v in b.iter_mut() {
+            *v = round_e4m3(*v / s) * s;
+        }
+    }
+}
+
+/// FP4 round trip in blocks of 32 with ue8m0 scales (the indexer QAT, MODEL_V4.md §6.3).
+pub fn fp4_round_trip(x: &mut [f32]) {
+    for b in x.chunks_mut(32) {
+        let s = pow2_scale(b, 6.0, 6.0 * 2f32.powi(-126));
+        for v in b.iter_mut() {
+            *v = round_e2m1(*v / s) * s;
+        }
+    }
+}
+
+/// Normalised Walsh–Hadamard transform (Sylvester order, scale n^-½) of a power-of-two length.
+pub fn hadamard(x: &mut [f32]) {
+    let n = x.len();
+    let mut h = 1;
+    while h < n {
+        for i in (0..n).step_by(2 * h) {
+            for j in i..i + h {
+                let (a, b) = (x[j], x[j + h]);
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+    let s = 1.0 / (n as f32).sqrt();
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_known_values() {
+        assert_eq!(e4m3_to_f32(0x00), 0.0);
+        assert_eq!(e4m3_to_f32(0x38), 1.0); // exp 7, man 0
+        assert_eq!(e4m3_to_f32(0x7e), 448.0);
+        assert_eq!(e4m3_to_f32(0xfe), -448.0);
+        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
+        assert!(e4m3_to_f32(0x7f).is_nan());
+    }
+
+    #[test]
+    fn every_e4m3_value_is_a_fixed_point_of_rounding() {
+        for b in 0..=255u8 {
+            let v = e4m3_to_f32(b);
+            if v.is_finite() {
+                assert_eq!(round_e4m3(v), v, "byte {b:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn fp4_nibble_order_low_first() {
+        // Row [1.0, -2.0] -> codes 2 and 12 -> byte 0xC2; scale byte 127 = 2^0.
+        assert_eq!(dequant_fp4_rows(&[0xc2; 16], &[127], 1, 32)[..2], [1.0, -2.0]);
+    }
+
+    #[test]
+    fn fp8_block_scales_apply_per_block() {
+        // 2x2 weight in 1x1 blocks with scales 2^0, 2^1, 2^2, 2^-1.
+        let w = dequant_fp8_blocks(&[0x38; 4], &[127, 128, 129, 126], 2, 2, [1, 1]);
+        assert_eq!(w, vec![1.0, 2.0, 4.0, 0.5]);
+    }
+
+    #[test]
+    fn hadamard_is_orthonormal() {
+        let mut x: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin()).collect();
+        let norm0: f32 = x.iter().map(|v| v * v).sum();
+        hadamard(&mut x);
+        let norm1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((norm0 - norm1).abs() < 1e-3 * norm0);
+        hadamard(&mut x); // H is its own inverse when normalised
+        for (i, v) in x.iter().enumerate() {
+            assert!((v - (i as f32 * 0.37).sin()).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn round_trips_keep_representable_blocks() {
+        let mut x = vec![1.0f32, -0.5, 6.0, 3.0];
+        x.resize(32, 0.0);
+        let y = x.clone();
+        fp4_round_trip(&mut x);
+        assert_eq!(x, y);
+        let mut z: Vec<f32> = (0..64).map(|i| i as f32 - 32.0).collect();
+        let z0 = z.clone();
+        fp8_round_trip(&mut z, 64, 1e-4);
+        for (a, b) in z.iter().zip(&z0) {
+            assert!((a - b).abs() <= b.abs() / 16.0, "{a} vs {b}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+// Decode-sized GEMMs with low-precision weights (MODEL_V4.md §10.1): y[m, n] = sum_k x[m, k] * W[n, k]
+// for m <= 16, W in FP8 e4m3 with ue8m0 scales over 128x128 blocks (dense projections) or FP4 e2m1
+// packed two per byte with ue8m0 scales per 1x32 (routed experts; Hopper has no FP4 tensor cores,
+// so the weights are expanded in registers). x and y bf16, fp32 accumulation.
+//
+// At decode sizes the op is bound by reading W once: each warp streams one row of W with 16-byte
+// loads (several in flight per lane), while x, one tile of k at a time, sits in shared memory for
+// every row m of the batch. With `quantize_x` the FP8 path first rounds x to e4m3 per 1x128 block
+// with power-of-two scales (the official activation quantisation); the rounded values are exact
+// in bf16, so shared memory holds them as bf16.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "../include/deepinfer_params.h"
+
+namespace {
+
+constexpr int WARPS = 8;  // rows of W (outputs n) per block, one per warp
+// Resident blocks per SM the register budget must allow (DI_GEMM's MINB: 4 = at most 64
+// registers a thread for narrow batches, where bytes in flight, i.e. occupancy, set the bandwidth;
+// 2 for 8 and 16 rows, whose accumulators would spill at 64).
+// 16-byte weight loads in flight per lane (fewer for wide batches: registers)
+template <int MT, bool FP4> __host__ __device__ constexpr int unroll() {
+    return MT >= 16 && FP4 ? 1 : (MT >= 8 ? 2 : 4);
+}
+
+// k elements of x kept in shared memory per tile: MT * KT * 2 bytes <= 32 KB.
+template <int MT> __host__ __device__ constexpr int ktile() { return MT <= 2 ? 8192 : (MT <= 4 ? 4096 : (MT <= 8 ? 2048 : 1024)); }
+
+__device__ __forceinline__ float e8m0(uint8_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 23); }
+
+__device__ __forceinline__ float2 e4m3x2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+
+__device__ __forceinline__ float e2m1(uint32_t c) {
+    const uint32_t e = (c >> 1) & 3u, m = c & 1u, s = (c >> 3) & 1u;
+    const uint32_t bits = e ? (((e + 126u) << 23) | (m << 22)) : (m ? 0x3F000000u : 0u);
+    return __uint_as_float(bits | (s << 31));
+}
+
+// The power-of-two scale 2^ceil(log2(amax / 448)), computed exactly (frexp, no log2 rounding).
+__device__ __forceinline__ float pow2_scale(float amax) {
+    int e;
+    const float f = frexpf(fmaxf(amax, 1e-4f) / 448.f, &e);
+    return ldexpf(1.f, f == 0.5f ? e - 1 : e);
+}
+
+// x[0:m, k0:k0+kt] -> xs[MT][KT] (rows >= m are zero), optionally FP8-rounded per 1x128 block.
+template <int MT>
+__device__ void load_x(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* xs, const DiGemmParams& p, uint32_t k0,
+                       uint32_t kt, bool quantize) {
+    constexpr int KT = ktile<MT>();
+    if (!quantize) {
+        const uint32_t per_row = kt / 8;  // 16-byte vectors (k % 16 == 0)
+        for (uint32_t i = threadIdx.x; i < MT * per_row; i += blockDim.x) {
+            const uint32_t m = i / per_row, v = i % per_row;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (m < p.m) val = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * p.k + k0 + v * 8);
+            *reinterpret_cast<uint4*>(xs + m * KT + v * 8) = val;
+        }
+        return;
+    }
+    // One warp per (row, 128-block): each lane rounds 4 values.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const uint32_t blocks = (kt + 127) / 128;
+    for (uint32_t c = warp; c < MT * blocks; c += nwarps) {
+        const uint32_t m = c / blocks, b = c % blocks;
+        float v[4];
+        float amax = 0.f;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t kk = b * 128 + lane * 4 + j;
+            v[j] = (m < p.m && kk < kt) ? __bfloat162float(x[static_cast<size_t>(m) * p.k + k0 + kk]) : 0.f;
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float s = pow2_scale(amax);
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t kk = b * 128 + lane * 4 + j;
+            if (kk < kt) {
+                const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[j] / s, __NV_SATFINITE, __NV_E4M3);
+                const float r = __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))) * s;
+                xs[m * KT + kk] = __float2bfloat16_rn(r);
+            }
+        }
+    }
+}
+
+// Two bf16 in a word -> (low, high) as f32, exactly (bf16 is the top half of an f32).
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// sum_j w[j] * xs[m][kk + j] for 8 consecutive bf16 of x.
+__device__ __forceinline__ float dot8(const float (&w)[8], const __nv_bfloat16* xp) {
+    const uint4 xv = *reinterpret_cast<const uint4*>(xp);
+    float s = w[0] * bf_lo(xv.x);
+    s = fmaf(w[1], bf_hi(xv.x), s);
+    s = fmaf(w[2], bf_lo(xv.y), s);
+    s = fmaf(w[3], bf_hi(xv.y), s);
+    s = fmaf(w[4], bf_lo(xv.z), s);
+    s = fmaf(w[5], bf_hi(xv.z), s);
+    s = fmaf(w[6], bf_lo(xv.w), s);
+    s = fmaf(w[7], bf_hi(xv.w), s);
+    return s;
+}
+
+template <int MT, bool FP4>
+__device__ void gemv(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+                     const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y, DiGemmParams p) {
+    constexpr int KT = ktile<MT>();
+    constexpr int EPV = FP4 ? 32 : 16;  // weights per 16-byte vector
+    __shared__ __align__(16) __nv_bfloat16 xs[MT * KT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t n = blockIdx.x * WARPS + warp;
+    const size_t row_bytes = FP4 ? p.k / 2 : p.k;
+    const uint32_t kb = (p.k + 127) / 128;
+    float acc[MT];
+    #pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m] = 0.f;
+    constexpr int UNROLL = unroll<MT, FP4>();
+    const uint8_t* wrow = w + n * row_bytes;
+    // A batch of UNROLL 16-byte weight vectors, lane-strided from vector v0 of the tile at k0.
+    auto fetch = [&](uint4 (&dst)[UNROLL], uint32_t k0, uint32_t v0, uint32_t nv) {
+        const uint4* wr = reinterpret_cast<const uint4*>(wrow + (FP4 ? k0 / 2 : k0));
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const uint32_t v = v0 + u * 32;
+            dst[u] = (n < p.n && v < nv) ? __ldg(wr + v) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    for (uint32_t k0 = 0; k0 < p.k; k0 += KT) {
+        const uint32_t kt = min(static_cast<uint32_t>(KT), p.k - k0);
+        const uint32_t nv = kt / EPV;
+        // The first weights are in flight while the block stages x (software pipelining).
+        uint4 cur[UNROLL];
+        fetch(cur, k0, lane, nv);
+        __syncthreads();
+        load_x<MT>(x, xs, p, k0, kt, !FP4 && p.quantize_x);
+        __syncthreads();
+        if (n >= p.n) continue;
+        for (uint32_t v0 = lane; v0 < nv; v0 += 32 * UNROLL) {
+            uint4 wv[UNROLL];
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) wv[u] = cur[u];
+            if (v0 + 32 * UNROLL < nv) fetch(cur, k0, v0 + 32 * UNROLL, nv);
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const uint32_t v = v0 + u * 32;
+                if (v >= nv) break;
+                const uint32_t kk = v * EPV;  // within the tile
+                const uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+                const float s = FP4 ? e8m0(scale[static_cast<size_t>(n) * (p.k / 32) + (k0 + kk) / 32])
+                                    : e8m0(scale[static_cast<size_t>(n / 128) * kb + (k0 + kk) / 128]);
+                float t[MT];
+                #pragma unroll
+                for (int m = 0; m < MT; ++m) t[m] = 0.f;
+                // 8 weights at a time: one word of FP4, two of FP8.
+                #pragma unroll
+                for (int i = 0; i < EPV / 8; ++i) {
+                    float wf[8];
+                    if constexpr (FP4) {
+                        #pragma unroll
+                        for (int j = 0; j < 8; ++j) wf[j] = e2m1((words[i] >> (4 * j)) & 0xfu);
+                    } else {
+                        #pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const float2 a = e4m3x2(words[2 * i + h]), b = e4m3x2(words[2 * i + h] >> 16);
+                            wf[4 * h] = a.x;
+                            wf[4 * h + 1] = a.y;
+                            wf[4 * h + 2] = b.x;
+                            wf[4 * h + 3] = b.y;
+                        }
+                    }
+                    #pragma unroll
+                    for (int m = 0; m < MT; ++m) t[m] += dot8(wf, xs + m * KT + kk + 8 * i);
+                }
+                #pragma unroll
+                for (int m = 0; m < MT; ++m) acc[m] = fmaf(t[m], s, acc[m]);
+            }
+        }
+    }
+    if (n >= p.n) return;
+    #pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        float v = acc[m];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && m < static_cast<int>(p.m)) y[static_cast<size_t>(m) * p.n + n] = __float2bfloat16_rn(v);
+    }
+}
+
+}  // namespace
+
+#define DI_GEMM(MT, MINB)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) di_gemm_fp8_m##MT(                            \
+        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, DiGemmParams p) {    \
+        gemv<MT, false>(x, w, s, y, p);                                                                     \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) di_gemm_fp4_m##MT(                            \
+        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, DiGemmParams p) {    \
+        gemv<MT, true>(x, w, s, y, p);                                                                      \
+    }
+
+DI_GEMM(1, 4)
+DI_GEMM(2, 4)
+DI_GEMM(4, 4)
+DI_GEMM(8, 2)
+DI_GEMM(16, 2)
