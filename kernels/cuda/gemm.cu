@@ -212,3 +212,129 @@ DI_GEMM(2, 4)
 DI_GEMM(4, 4)
 DI_GEMM(8, 2)
 DI_GEMM(16, 2)
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core variant for 2..16 rows: y^T = W · x^T on mma.sync m16n8k16 (bf16 in, fp32 out), the
+// weights as the 16-row A operand (16 outputs n a warp), the batch as the 8-column B operand (two
+// of them for 9..16 rows). W is expanded to bf16 in registers with its scale folded in (e4m3 or
+// e2m1 times a power of two is exact in bf16), so the accumulators hold the final sums.
+//
+// K is permuted consistently for A and B (a sum does not care about order) so that each thread
+// loads 16 contiguous weight bytes per row: in a 64-k (FP8) or 128-k (FP4) super-step, thread
+// q = lane % 4 owns the physical k range [q * E, (q + 1) * E), E = 16 (FP8) or 32 (FP4), and mma
+// step s reads its physical k q*E + 4s + {0, 1} as logical k 2q + {0, 1} and q*E + 4s + {2, 3} as
+// logical k 8 + 2q + {0, 1}. Requires k % 64 == 0 (FP8) or k % 128 == 0 (FP4).
+namespace {
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four weights (physical k q*E + 4s .. +3 of one row) as two bf16x2 words: (k+0, k+1), (k+2, k+3).
+template <bool FP4>
+__device__ __forceinline__ void expand4(const uint4& v, int s, float scale, uint32_t& lo, uint32_t& hi) {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    float f[4];
+    if constexpr (FP4) {
+        const uint32_t w = words[s >> 1] >> (16 * (s & 1));  // 4 nibbles = k 4s .. 4s+3
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) f[j] = e2m1((w >> (4 * j)) & 0xfu);
+    } else {
+        const uint32_t w = words[s];  // 4 bytes = k 4s .. 4s+3
+        const float2 a = e4m3x2(w), b = e4m3x2(w >> 16);
+        f[0] = a.x;
+        f[1] = a.y;
+        f[2] = b.x;
+        f[3] = b.y;
+    }
+    lo = pack_bf16(f[0] * scale, f[1] * scale);
+    hi = pack_bf16(f[2] * scale, f[3] * scale);
+}
+
+template <int MT, bool FP4>
+__device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+                        const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y, DiGemmParams p) {
+    constexpr int KT = ktile<MT>();
+    constexpr int E = FP4 ? 32 : 16;    // weights per thread per row per super-step (16 bytes)
+    constexpr int SK = 4 * E;           // k per super-step
+    constexpr int STEPS = E / 4;        // mma steps per super-step
+    constexpr int NB = MT > 8 ? 2 : 1;  // 8-column B operands
+    __shared__ __align__(16) __nv_bfloat16 xs[MT * KT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const uint32_t n0 = (blockIdx.x * WARPS + warp) * 16;
+    const uint32_t r0 = n0 + g, r1 = n0 + g + 8;  // this thread's two weight rows
+    const size_t row_bytes = FP4 ? p.k / 2 : p.k;
+    const uint32_t kb = (p.k + 127) / 128;
+    float c[NB][4];
+    #pragma unroll
+    for (int b = 0; b < NB; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = 0.f;
+    for (uint32_t k0 = 0; k0 < p.k; k0 += KT) {
+        const uint32_t kt = min(static_cast<uint32_t>(KT), p.k - k0);
+        __syncthreads();
+        load_x<MT>(x, xs, p, k0, kt, !FP4 && p.quantize_x);
+        __syncthreads();
+        if (n0 >= p.n) continue;
+        #pragma unroll 2
+        for (uint32_t ks = 0; ks < kt; ks += SK) {
+            const uint32_t kg = k0 + ks;  // global k of this super-step
+            const uint32_t off = (FP4 ? kg / 2 : kg) + 16 * q;
+            const uint4 v0 = r0 < p.n ? __ldg(reinterpret_cast<const uint4*>(w + r0 * row_bytes + off)) : make_uint4(0, 0, 0, 0);
+            const uint4 v1 = r1 < p.n ? __ldg(reinterpret_cast<const uint4*>(w + r1 * row_bytes + off)) : make_uint4(0, 0, 0, 0);
+            float s0, s1;
+            if constexpr (FP4) {
+                const uint32_t grp = (kg + E * q) / 32;
+                s0 = r0 < p.n ? e8m0(scale[static_cast<size_t>(r0) * (p.k / 32) + grp]) : 0.f;
+                s1 = r1 < p.n ? e8m0(scale[static_cast<size_t>(r1) * (p.k / 32) + grp]) : 0.f;
+            } else {
+                s0 = s1 = e8m0(scale[static_cast<size_t>(n0 / 128) * kb + kg / 128]);
+            }
+            #pragma unroll
+            for (int s = 0; s < STEPS; ++s) {
+                uint32_t a[4];
+                expand4<FP4>(v0, s, s0, a[0], a[2]);  // row g:   logical k 2q+{0,1}, 8+2q+{0,1}
+                expand4<FP4>(v1, s, s1, a[1], a[3]);  // row g+8
+                const uint32_t kx = ks + E * q + 4 * s;  // within the tile
+                #pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    const uint2 xv = *reinterpret_cast<const uint2*>(xs + (b * 8 + g) * KT + kx);
+                    mma_bf16(c[b], a, xv.x, xv.y);
+                }
+            }
+        }
+    }
+    if (n0 >= p.n) return;
+    // c[b]: rows n0+g (c0, c1) and n0+g+8 (c2, c3), batch columns b*8 + 2q + {0, 1}.
+    #pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t m = b * 8 + 2 * q + (j & 1), n = (j < 2) ? r0 : r1;
+            if (m < p.m && n < p.n) y[static_cast<size_t>(m) * p.n + n] = __float2bfloat16_rn(c[b][j]);
+        }
+    }
+}
+
+}  // namespace
+
+#define DI_GEMM_TC(MT)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp8_tc_m##MT(                          \
+        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, DiGemmParams p) {    \
+        gemm_tc<MT, false>(x, w, s, y, p);                                                                  \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp4_tc_m##MT(                          \
+        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, DiGemmParams p) {    \
+        gemm_tc<MT, true>(x, w, s, y, p);                                                                   \
+    }
+
+DI_GEMM_TC(8)
+DI_GEMM_TC(16)

@@ -160,14 +160,15 @@ fn gemm_case(
     });
     let floor_bf16 = (2 * n * k) as f64 / GEMM_FLOOR_BYTES_PER_S * 1e3;
     println!(
-        "gemm {what:<22} {f:?} m={m:<2} n={n:<5} k={k:<5} {:>7.2} MB  median {ms:>7.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3} | cuBLASLt bf16 {ms_bf16:.4} ms (achieved/floor {:.3}) ours/cuBLASLt speed {:.2}x  rel_err {rel:.1e}",
+        "gemm {what:<22} {:<20} {f:?} m={m:<2} n={n:<5} k={k:<5} {:>7.2} MB  median {ms:>7.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3} | cuBLASLt bf16 {ms_bf16:.4} ms (achieved/floor {:.3}) ours/cuBLASLt speed {:.2}x  rel_err {rel:.1e}",
+        ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(),
         (wb + sb) as f64 / 1e6,
         floor_ms / ms,
         floor_bf16 / ms_bf16,
         ms_bf16 / ms
     );
     serde_json::json!({"op": "gemm_lowp", "weights": what, "format": format!("{f:?}"), "m": m, "n": n, "k": k,
-        "kernel": format!("di_gemm_{}_m{}", if f == ops::WeightFormat::Fp8Block128 {"fp8"} else {"fp4"}, [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap()),
+        "kernel": ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(),
         "quantize_x": p.quantize_x != 0, "weight_and_scale_bytes": wb + sb, "median_ms": ms, "floor_ms": floor_ms,
         "achieved_over_floor": floor_ms / ms, "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_achieved_over_floor": floor_bf16 / ms_bf16,
         "speedup_over_cublaslt_bf16": ms_bf16 / ms, "rel_err_vs_cpu": rel})

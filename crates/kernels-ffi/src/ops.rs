@@ -191,6 +191,19 @@ pub fn gemm_lowp(
     }
 }
 
+/// The CUDA entry point `gemm_lowp` launches for this shape; `None` without the CUDA backend.
+pub fn gemm_lowp_cuda_kernel(format: WeightFormat, p: &GemmParams) -> Option<String> {
+    #[cfg(feature = "cuda")]
+    {
+        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.n, p.k).0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (format, p);
+        None
+    }
+}
+
 /// y[m, n] = Σ_k x[m, k]·W[n, k] with bf16 W (any m; cuBLASLt on CUDA, fp32 accumulation).
 /// `quantize_x` must be 0.
 pub fn gemm_bf16(

@@ -180,16 +180,21 @@ fn gpu_gemm_lowp_matches_cpu() {
         (ops::WeightFormat::Fp8Block128, true),
         (ops::WeightFormat::Fp4Row32, false),
     ] {
-        for m in [1u32, 2, 3, 5, 8, 11, 16] {
-            let n = 1 + (rng.next_u64() % 700) as usize;
-            let k = 32 * (1 + (rng.next_u64() % 150) as usize);
+        // k a multiple of 32 (CUDA-core kernel unless it happens to suit the tensor-core one) and
+        // of 128 (tensor-core kernel from m = 2).
+        // n beyond 16384 selects the tensor-core kernel (from m = 2, k a multiple of 128).
+        for (m, unit) in [1u32, 2, 3, 5, 8, 11, 16].into_iter().flat_map(|m| [(m, 32usize), (m, 128)]) {
+            let n =
+                if unit == 128 { 16384 + (rng.next_u64() % 300) as usize } else { 1 + (rng.next_u64() % 700) as usize };
+            let k = unit * (1 + (rng.next_u64() % (if unit == 128 { 1024 } else { 4800 } / unit) as u64) as usize);
             let x: Vec<bf16> = to(&rng.vec(m as usize * k));
             let (w, sc) = lowp_weights(&mut rng, f, n, k);
             let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, q);
             let want = gemm_on(&cpu, f, &x, &w, &sc, &p);
             let got = gemm_on(&gpu, f, &x, &w, &sc, &p);
             let (rel, max) = rel_err(&got, &want);
-            println!("parity gemm {f:?} quantize_x={q} m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+            let kernel = ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default();
+            println!("parity gemm {kernel} quantize_x={q} m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
             assert!(rel < BF16_TOL, "gemm {f:?} q={q} m={m} n={n} k={k}: rel_err {rel:e}");
         }
     }

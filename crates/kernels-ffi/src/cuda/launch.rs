@@ -100,18 +100,26 @@ pub(crate) fn rope<T: Element>(
     Ok(())
 }
 
-/// Kernel entry point for a decode GEMM: the smallest batch tile that holds `m` rows.
-pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32) -> String {
-    let tile = [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap_or(16);
-    let f = match format {
-        crate::ops::WeightFormat::Fp8Block128 => "fp8",
-        crate::ops::WeightFormat::Fp4Row32 => "fp4",
-    };
-    format!("di_gemm_{f}_m{tile}")
-}
+/// Outputs from which the tensor-core kernel has blocks enough (128 outputs each) to fill the
+/// H200's 132 SMs; it has no split over k yet, so below this it loses to the CUDA-core kernel
+/// (measured: benches/results/2026-11-30-gemm-decode).
+const GEMM_TC_MIN_N: u32 = 16384;
 
-/// Outputs (rows of W) per block of the decode GEMM kernels: one per warp (WARPS in gemm.cu).
-const GEMM_ROWS_PER_BLOCK: u32 = 8;
+/// Kernel entry point for a decode GEMM and the outputs (rows of W) one block computes: the
+/// tensor-core kernel (16 rows a warp, 8 warps) from 2 rows of x when n is large and k suits its
+/// k permutation (multiples of 64 for FP8, 128 for FP4), else the CUDA-core kernel (a row a warp)
+/// with the smallest batch tile that holds `m`.
+pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, n: u32, k: u32) -> (String, u32) {
+    let (f, tc_k) = match format {
+        crate::ops::WeightFormat::Fp8Block128 => ("fp8", 64),
+        crate::ops::WeightFormat::Fp4Row32 => ("fp4", 128),
+    };
+    if m >= 2 && n >= GEMM_TC_MIN_N && k.is_multiple_of(tc_k) {
+        return (format!("di_gemm_{f}_tc_m{}", if m <= 8 { 8 } else { 16 }), 128);
+    }
+    let tile = [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap_or(16);
+    (format!("di_gemm_{f}_m{tile}"), 8)
+}
 
 pub(crate) fn gemm_lowp(
     stream: &Stream,
@@ -122,16 +130,16 @@ pub(crate) fn gemm_lowp(
     y: &mut CudaSlice<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
-    let f = backend(stream).function("gemm", &gemm_lowp_kernel(format, p.m))?;
-    let cfg = LaunchConfig {
-        grid_dim: (p.n.div_ceil(GEMM_ROWS_PER_BLOCK), 1, 1),
-        block_dim: (32 * GEMM_ROWS_PER_BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.n, p.k);
+    let f = backend(stream).function("gemm", &name)?;
+    // Both kernels run 8 warps a block (WARPS in gemm.cu).
+    let cfg =
+        LaunchConfig { grid_dim: (p.n.div_ceil(rows_per_block), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let s = stream.cuda_stream("gemm_lowp", "x")?;
-    // SAFETY: matches di_gemm_{fp8,fp4}_m* in gemm.cu; the op checked 1 <= m <= 16 (the tile
-    // holds m rows), k's alignment (16-byte weight vectors, 1x32 FP4 groups), and the lengths of
-    // x [m, k], w, scale and y [m, n] for the format.
+    // SAFETY: matches di_gemm_{fp8,fp4}_{,tc_}m* in gemm.cu; the op checked 1 <= m <= 16 (the
+    // tile holds m rows), k's alignment (16-byte weight vectors, 1x32 FP4 groups; the tensor-core
+    // kernel is chosen only for k multiples of its super-step), and the lengths of x [m, k], w,
+    // scale and y [m, n] for the format.
     unsafe { s.launch_builder(&f).arg(x).arg(w).arg(scale).arg(y).arg(p).launch(cfg) }?;
     Ok(())
 }
