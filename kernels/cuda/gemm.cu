@@ -260,9 +260,13 @@ __device__ __forceinline__ void expand4(const uint4& v, int s, float scale, uint
     hi = pack_bf16(f[2] * scale, f[3] * scale);
 }
 
+// Split over k: block (bx, by) covers k in [by * split_k, (by + 1) * split_k) (split_k a multiple of
+// 128). With one split the block writes y; with several it writes its fp32 partial sums to
+// partial[by][m][n], and di_gemm_splitk_reduce adds them in split order (deterministic).
 template <int MT, bool FP4>
 __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
-                        const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y, DiGemmParams p) {
+                        const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y, float* __restrict__ partial,
+                        DiGemmParams p, uint32_t split_k) {
     constexpr int KT = ktile<MT>();
     constexpr int E = FP4 ? 32 : 16;    // weights per thread per row per super-step (16 bytes)
     constexpr int SK = 4 * E;           // k per super-step
@@ -278,8 +282,9 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
     float c[NB][4];
     #pragma unroll
     for (int b = 0; b < NB; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = 0.f;
-    for (uint32_t k0 = 0; k0 < p.k; k0 += KT) {
-        const uint32_t kt = min(static_cast<uint32_t>(KT), p.k - k0);
+    const uint32_t kbeg = blockIdx.y * split_k, kend = min(p.k, kbeg + split_k);
+    for (uint32_t k0 = kbeg; k0 < kend; k0 += KT) {
+        const uint32_t kt = min(static_cast<uint32_t>(KT), kend - k0);
         __syncthreads();
         load_x<MT>(x, xs, p, k0, kt, !FP4 && p.quantize_x);
         __syncthreads();
@@ -319,7 +324,13 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint32_t m = b * 8 + 2 * q + (j & 1), n = (j < 2) ? r0 : r1;
-            if (m < p.m && n < p.n) y[static_cast<size_t>(m) * p.n + n] = __float2bfloat16_rn(c[b][j]);
+            if (m >= p.m || n >= p.n) continue;
+            const size_t at = static_cast<size_t>(m) * p.n + n;
+            if (gridDim.y == 1) {
+                y[at] = __float2bfloat16_rn(c[b][j]);
+            } else {
+                partial[static_cast<size_t>(blockIdx.y) * p.m * p.n + at] = c[b][j];
+            }
         }
     }
 }
@@ -328,13 +339,25 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
 
 #define DI_GEMM_TC(MT)                                                                                       \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp8_tc_m##MT(                          \
-        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, DiGemmParams p) {    \
-        gemm_tc<MT, false>(x, w, s, y, p);                                                                  \
+        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, float* partial,       \
+        DiGemmParams p, uint32_t split_k) {                                                                 \
+        gemm_tc<MT, false>(x, w, s, y, partial, p, split_k);                                                \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp4_tc_m##MT(                          \
-        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, DiGemmParams p) {    \
-        gemm_tc<MT, true>(x, w, s, y, p);                                                                   \
+        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, float* partial,       \
+        DiGemmParams p, uint32_t split_k) {                                                                 \
+        gemm_tc<MT, true>(x, w, s, y, partial, p, split_k);                                                 \
     }
 
 DI_GEMM_TC(8)
 DI_GEMM_TC(16)
+
+// y[m, n] = sum over splits of partial[split][m][n], in split order, rounded once to bf16.
+extern "C" __global__ void di_gemm_splitk_reduce(const float* __restrict__ partial, __nv_bfloat16* __restrict__ y,
+                                                 uint32_t mn, uint32_t splits) {
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= mn) return;
+    float v = 0.f;
+    for (uint32_t s = 0; s < splits; ++s) v += partial[static_cast<size_t>(s) * mn + i];
+    y[i] = __float2bfloat16_rn(v);
+}

@@ -164,7 +164,8 @@ fn gemm_on(
 }
 
 /// Decode GEMMs with FP8 (with and without activation quantisation) and FP4 weights, every batch
-/// tile (m = 1..16), odd n and k that are not multiples of the k tile. Tolerance: both sides sum
+/// tile (m = 1..16), odd n and k that are not multiples of the k tile, CUDA-core and tensor-core
+/// kernels (split over k and not). Tolerance: both sides sum
 /// in f32 (different order) and round once to bf16, as for the norms (4e-3); the FP8 activation
 /// rounding is the same correctly rounded e4m3 on both sides.
 #[test]
@@ -182,11 +183,13 @@ fn gpu_gemm_lowp_matches_cpu() {
     ] {
         // k a multiple of 32 (CUDA-core kernel unless it happens to suit the tensor-core one) and
         // of 128 (tensor-core kernel from m = 2).
-        // n beyond 16384 selects the tensor-core kernel (from m = 2, k a multiple of 128).
-        for (m, unit) in [1u32, 2, 3, 5, 8, 11, 16].into_iter().flat_map(|m| [(m, 32usize), (m, 128)]) {
-            let n =
-                if unit == 128 { 16384 + (rng.next_u64() % 300) as usize } else { 1 + (rng.next_u64() % 700) as usize };
-            let k = unit * (1 + (rng.next_u64() % (if unit == 128 { 1024 } else { 4800 } / unit) as u64) as usize);
+        // k a multiple of 128 selects the tensor-core kernel from m = 2: narrow n splits k across
+        // blocks (fp32 partials, then a reduce); n >= 33792 runs a single split.
+        let cases =
+            [1u32, 2, 3, 5, 8, 11, 16].into_iter().flat_map(|m| [(m, 32usize, false), (m, 128, false), (m, 128, true)]);
+        for (m, unit, wide) in cases {
+            let n = if wide { 33792 + (rng.next_u64() % 300) as usize } else { 1 + (rng.next_u64() % 700) as usize };
+            let k = unit * (1 + (rng.next_u64() % (if wide { 1024 } else { 4800 } / unit) as u64) as usize);
             let x: Vec<bf16> = to(&rng.vec(m as usize * k));
             let (w, sc) = lowp_weights(&mut rng, f, n, k);
             let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, q);

@@ -100,21 +100,27 @@ pub(crate) fn rope<T: Element>(
     Ok(())
 }
 
-/// Outputs from which the tensor-core kernel has blocks enough (128 outputs each) to fill the
-/// H200's 132 SMs; it has no split over k yet, so below this it loses to the CUDA-core kernel
-/// (measured: benches/results/2026-11-30-gemm-decode).
-const GEMM_TC_MIN_N: u32 = 16384;
+/// Blocks the tensor-core kernel aims for (two waves of the H200's 132 SMs): narrow outputs split k.
+const GEMM_TC_TARGET_BLOCKS: u32 = 264;
+
+/// Splits over k for the tensor-core kernel, and the k each covers (a multiple of 128).
+pub(crate) fn gemm_tc_split(n: u32, k: u32) -> (u32, u32) {
+    let blocks = n.div_ceil(128);
+    let want = GEMM_TC_TARGET_BLOCKS.div_ceil(blocks).clamp(1, k / 128);
+    let split_k = k.div_ceil(want).div_ceil(128) * 128;
+    (k.div_ceil(split_k), split_k)
+}
 
 /// Kernel entry point for a decode GEMM and the outputs (rows of W) one block computes: the
-/// tensor-core kernel (16 rows a warp, 8 warps) from 2 rows of x when n is large and k suits its
-/// k permutation (multiples of 64 for FP8, 128 for FP4), else the CUDA-core kernel (a row a warp)
-/// with the smallest batch tile that holds `m`.
-pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, n: u32, k: u32) -> (String, u32) {
-    let (f, tc_k) = match format {
-        crate::ops::WeightFormat::Fp8Block128 => ("fp8", 64),
-        crate::ops::WeightFormat::Fp4Row32 => ("fp4", 128),
+/// tensor-core kernel (16 rows a warp, 8 warps, k split across blocks for narrow outputs) from 2
+/// rows of x when k is a multiple of 128, else the CUDA-core kernel (a row a warp) with the
+/// smallest batch tile that holds `m`.
+pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, _n: u32, k: u32) -> (String, u32) {
+    let f = match format {
+        crate::ops::WeightFormat::Fp8Block128 => "fp8",
+        crate::ops::WeightFormat::Fp4Row32 => "fp4",
     };
-    if m >= 2 && n >= GEMM_TC_MIN_N && k.is_multiple_of(tc_k) {
+    if m >= 2 && k.is_multiple_of(128) {
         return (format!("di_gemm_{f}_tc_m{}", if m <= 8 { 8 } else { 16 }), 128);
     }
     let tile = [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap_or(16);
@@ -132,14 +138,50 @@ pub(crate) fn gemm_lowp(
 ) -> Result<()> {
     let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.n, p.k);
     let f = backend(stream).function("gemm", &name)?;
-    // Both kernels run 8 warps a block (WARPS in gemm.cu).
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    if name.contains("_tc_") {
+        let (splits, split_k) = gemm_tc_split(p.n, p.k);
+        let cfg =
+            LaunchConfig { grid_dim: (p.n.div_ceil(128), splits, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mn = p.m * p.n;
+        if splits == 1 {
+            let none: u64 = 0;
+            // SAFETY: as below; with one split the kernel writes y and never touches `partial`.
+            unsafe {
+                s.launch_builder(&f).arg(x).arg(w).arg(scale).arg(y).arg(&none).arg(p).arg(&split_k).launch(cfg)
+            }?;
+            return Ok(());
+        }
+        // SAFETY: uninitialised memory; every element is written by exactly one block (each
+        // split writes its whole [m, n] partial) before the reduce, later on the stream, reads it.
+        let mut partial = unsafe { s.alloc::<f32>((splits * mn) as usize) }?;
+        // SAFETY: di_gemm_{fp8,fp4}_tc_m* take (x, w, scale, y, partial, params, split_k); the op
+        // checked 1 <= m <= 16 and the lengths of x, w, scale and y; partial holds splits*m*n
+        // floats; split_k is a multiple of 128 (the kernel's super-steps and FP8 scale blocks)
+        // with splits * split_k >= k.
+        unsafe {
+            s.launch_builder(&f)
+                .arg(x)
+                .arg(w)
+                .arg(scale)
+                .arg(&mut *y)
+                .arg(&mut partial)
+                .arg(p)
+                .arg(&split_k)
+                .launch(cfg)
+        }?;
+        let r = backend(stream).function("gemm", "di_gemm_splitk_reduce")?;
+        let rc = LaunchConfig { grid_dim: (mn.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: partial holds splits * mn floats and y mn bf16 (checked by the op).
+        unsafe { s.launch_builder(&r).arg(&partial).arg(y).arg(&mn).arg(&splits).launch(rc) }?;
+        return Ok(());
+    }
+    // The CUDA-core kernel: 8 warps a block (WARPS in gemm.cu), a row each.
     let cfg =
         LaunchConfig { grid_dim: (p.n.div_ceil(rows_per_block), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let s = stream.cuda_stream("gemm_lowp", "x")?;
-    // SAFETY: matches di_gemm_{fp8,fp4}_{,tc_}m* in gemm.cu; the op checked 1 <= m <= 16 (the
-    // tile holds m rows), k's alignment (16-byte weight vectors, 1x32 FP4 groups; the tensor-core
-    // kernel is chosen only for k multiples of its super-step), and the lengths of x [m, k], w,
-    // scale and y [m, n] for the format.
+    // SAFETY: matches di_gemm_{fp8,fp4}_m* in gemm.cu; the op checked 1 <= m <= 16 (the tile
+    // holds m rows), k's alignment (16-byte weight vectors, 1x32 FP4 groups), and the lengths of
+    // x [m, k], w, scale and y [m, n] for the format.
     unsafe { s.launch_builder(&f).arg(x).arg(w).arg(scale).arg(y).arg(p).launch(cfg) }?;
     Ok(())
 }
