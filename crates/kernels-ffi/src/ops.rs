@@ -195,7 +195,7 @@ pub fn gemm_lowp(
 pub fn gemm_lowp_cuda_kernel(format: WeightFormat, p: &GemmParams) -> Option<String> {
     #[cfg(feature = "cuda")]
     {
-        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.n, p.k).0)
+        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.k).0)
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -51,6 +51,20 @@ impl BlockTable {
         Ok(())
     }
 
+    /// Append one whole block that already holds its tokens (a published or shared block). The
+    /// table must end on a block boundary.
+    pub fn push_full(&mut self, block: BlockRef) -> Result<(), KvError> {
+        if self.tokens != self.blocks.len() * self.block_tokens {
+            return Err(KvError::Invalid {
+                field: "tokens",
+                problem: format!("{} tokens end inside a block of {}", self.tokens, self.block_tokens),
+            });
+        }
+        self.blocks.push(block);
+        self.tokens += self.block_tokens;
+        Ok(())
+    }
+
     /// Another table sharing every block (n > 1 sampling, speculative branches).
     pub fn fork(&self) -> BlockTable {
         BlockTable { blocks: self.blocks.clone(), tokens: self.tokens, block_tokens: self.block_tokens }

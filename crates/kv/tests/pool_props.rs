@@ -235,3 +235,15 @@ fn evicted_blocks_round_trip_through_host_and_disk() {
     assert!(w.store.stats().disk_hits > 0, "{:?}", w.store.stats());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_shared_block_appends_to_a_table_only_on_a_block_boundary() {
+    let pool = BlockPool::new(&Device::cpu().default_stream(), 4, 8).unwrap();
+    let shared = pool.allocate().unwrap();
+    let mut t = BlockTable::new(16);
+    t.push_full(shared.clone()).unwrap();
+    assert_eq!((t.tokens(), t.blocks().len(), shared.ref_count()), (16, 1, 2));
+    t.append(&pool, 3).unwrap();
+    assert!(t.push_full(shared.clone()).unwrap_err().to_string().contains("tokens"), "19 tokens end inside a block");
+    assert_eq!(t.tokens(), 19);
+}

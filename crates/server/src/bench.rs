@@ -14,6 +14,7 @@ use deepinfer_engine::engine::{Event, ReplayMode};
 use deepinfer_engine::sampler::SamplingParams;
 use deepinfer_engine::tiny::Rng;
 use deepinfer_engine::{Engine, EngineConfig, GenerateRequest, Model};
+use deepinfer_scheduler::sim::Percentiles;
 use serde_json::{json, Value};
 
 use crate::progress::Progress;
@@ -74,14 +75,6 @@ fn timed(engine: &Arc<Engine>, reqs: Vec<GenerateRequest>) -> Result<(HashMap<u6
     }
     h.shutdown();
     Ok((times, t0.elapsed().as_secs_f64()))
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -153,12 +146,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let start = times.values().map(|t| t[0]).fold(0.0, f64::max);
         let end = times.values().map(|t| *t.last().unwrap()).fold(0.0, f64::max);
         let after: usize = times.values().map(|t| t.iter().filter(|x| **x > start).count()).sum();
-        let mut gaps: Vec<f64> = times.values().flat_map(|t| t.windows(2).map(|w| w[1] - w[0])).collect();
+        let gaps = Percentiles::of(times.values().flat_map(|t| t.windows(2).map(|w| w[1] - w[0])).collect());
         let tps = after as f64 / (end - start).max(1e-9);
         decode.push(json!({"batch": b, "context": a.decode_context, "tokens_per_request": a.decode_tokens,
                            "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
                            "token_layers_per_s": tps * layers as f64,
-                           "itl_p50_ms": percentile(&mut gaps, 0.5) * 1e3, "itl_p99_ms": percentile(&mut gaps, 0.99) * 1e3}));
+                           "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3}));
         step += 1;
         bar.set(step, &format!("decode batch {b}"));
     }

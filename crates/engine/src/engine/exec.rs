@@ -36,7 +36,8 @@ pub(super) struct StepDone {
     pub failed: Vec<u64>,
 }
 
-pub(super) fn failed_output(r: &GenerateRequest, error: String) -> GenerateOutput {
+/// A request's output before any token: finish `length` until something else ends it.
+fn empty_output(r: &GenerateRequest) -> GenerateOutput {
     GenerateOutput {
         id: r.id,
         prompt_tokens: r.prompt.len(),
@@ -44,13 +45,17 @@ pub(super) fn failed_output(r: &GenerateRequest, error: String) -> GenerateOutpu
         logprobs: Vec::new(),
         top_logprobs: Vec::new(),
         text: None,
-        finish: FinishReason::Error,
-        error: Some(error),
+        finish: FinishReason::Length,
+        error: None,
         ttft_s: 0.0,
         cached_tokens: 0,
         replayed_tokens: 0,
         seed: r.sampling.seed.unwrap_or(0),
     }
+}
+
+pub(super) fn failed_output(r: &GenerateRequest, error: String) -> GenerateOutput {
+    GenerateOutput { finish: FinishReason::Error, error: Some(error), ..empty_output(r) }
 }
 
 struct Live {
@@ -126,13 +131,7 @@ impl<'a> Executor<'a> {
             self.stats.prefix_hits += 1;
             self.stats.cached_tokens += cached;
         }
-        let out = GenerateOutput {
-            cached_tokens: cached,
-            replayed_tokens: replayed,
-            seed: a.seed,
-            ..failed_output(&r, String::new())
-        };
-        let out = GenerateOutput { finish: FinishReason::Length, error: None, ..out };
+        let out = GenerateOutput { cached_tokens: cached, replayed_tokens: replayed, seed: a.seed, ..empty_output(&r) };
         let params = SamplingParams { seed: Some(a.seed), ..r.sampling.clone() };
         let table = self.fresh_table(a.restore.as_ref());
         let constrained = a.matcher.is_some() && r.constraint_after.is_none();

@@ -220,9 +220,7 @@ impl KvCache {
                 }
             };
             drop(cache);
-            let mut blocks: Vec<BlockRef> = table.blocks().to_vec();
-            blocks.push(block);
-            *table = BlockTable::from_blocks(blocks, (b + 1) * bt, bt).expect("whole blocks");
+            table.push_full(block).expect("the table covers whole published blocks");
         }
     }
 

@@ -6,7 +6,13 @@ use deepinfer_recipe::DeepseekTokenizer;
 
 #[derive(Debug, Default, Clone)]
 pub struct TextState {
-    /// Bytes of the decoded text already streamed.
+    /// Text of the first `read` tokens (every character complete).
+    text: String,
+    /// Tokens decoded into `text`, and where the last decoded window started: a step decodes only
+    /// tokens from `prefix` on, not the whole output again.
+    read: usize,
+    prefix: usize,
+    /// Bytes of `text` already streamed.
     emitted: usize,
     /// The final text once a stop string matched.
     pub stopped_text: Option<String>,
@@ -20,11 +26,41 @@ pub struct TextStep {
 }
 
 impl TextState {
+    /// Bring `text` up to `generated`. Tokens that end inside a character (it decodes as U+FFFD)
+    /// wait for the next ones unless `finished`.
+    fn advance(&mut self, tok: &DeepseekTokenizer, generated: &[u32], finished: bool) {
+        if generated.len() < self.read {
+            *self = TextState::default(); // never expected: the output only grows
+        }
+        if generated.len() == self.read {
+            return;
+        }
+        let window = tok.decode(&generated[self.prefix..]).unwrap_or_default();
+        if !finished && window.ends_with('\u{FFFD}') {
+            return;
+        }
+        let before = tok.decode(&generated[self.prefix..self.read]).unwrap_or_default();
+        match window.strip_prefix(before.as_str()) {
+            Some(new) => self.text.push_str(new),
+            None => self.text = tok.decode(generated).unwrap_or_default(),
+        }
+        self.prefix = self.read;
+        self.read = generated.len();
+    }
+
     /// After `generated` (all output tokens so far, the newest last) — `finished` flushes
     /// everything held back.
     pub fn step(&mut self, tok: &DeepseekTokenizer, generated: &[u32], stops: &[String], finished: bool) -> TextStep {
-        let text = tok.decode(generated).unwrap_or_default();
-        if let Some(at) = stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min() {
+        self.advance(tok, generated, finished);
+        let text = &self.text;
+        // A match cannot start before the streamed text, which never ends inside a possible stop.
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        let mut from = self.emitted.saturating_sub(longest);
+        while !text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let hit = stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text[from..].find(s.as_str())).min();
+        if let Some(at) = hit.map(|i| from + i) {
             let delta = text.get(self.emitted.min(at)..at).unwrap_or("").to_string();
             self.emitted = at;
             self.stopped_text = Some(text[..at].to_string());
@@ -32,13 +68,11 @@ impl TextState {
         }
         let mut end = text.len();
         if !finished {
-            // An incomplete character decodes as U+FFFD at the end: hold it back.
-            end = text.trim_end_matches('\u{FFFD}').len();
             // Hold back a suffix that a stop string starts with.
             let held = stops
                 .iter()
                 .flat_map(|s| (1..s.len()).filter(|k| s.is_char_boundary(*k)).map(move |k| &s[..k]))
-                .filter(|p| text[..end].ends_with(p))
+                .filter(|p| text.ends_with(p))
                 .map(str::len)
                 .max()
                 .unwrap_or(0);

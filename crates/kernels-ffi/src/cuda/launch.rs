@@ -115,7 +115,7 @@ pub(crate) fn gemm_tc_split(n: u32, k: u32) -> (u32, u32) {
 /// tensor-core kernel (16 rows a warp, 8 warps, k split across blocks for narrow outputs) from 2
 /// rows of x when k is a multiple of 128, else the CUDA-core kernel (a row a warp) with the
 /// smallest batch tile that holds `m`.
-pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, _n: u32, k: u32) -> (String, u32) {
+pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, k: u32) -> (String, u32) {
     let f = match format {
         crate::ops::WeightFormat::Fp8Block128 => "fp8",
         crate::ops::WeightFormat::Fp4Row32 => "fp4",
@@ -136,7 +136,7 @@ pub(crate) fn gemm_lowp(
     y: &mut CudaSlice<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
-    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.n, p.k);
+    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.k);
     let f = backend(stream).function("gemm", &name)?;
     let s = stream.cuda_stream("gemm_lowp", "x")?;
     if name.contains("_tc_") {

@@ -70,13 +70,16 @@ pub struct Percentiles {
     pub mean: f64,
 }
 
-fn percentiles(mut v: Vec<f64>) -> Percentiles {
-    if v.is_empty() {
-        return Percentiles { p50: 0.0, p90: 0.0, p99: 0.0, mean: 0.0 };
+impl Percentiles {
+    /// Nearest-rank percentiles and the mean of `v` (all zero when empty).
+    pub fn of(mut v: Vec<f64>) -> Percentiles {
+        if v.is_empty() {
+            return Percentiles { p50: 0.0, p90: 0.0, p99: 0.0, mean: 0.0 };
+        }
+        v.sort_by(f64::total_cmp);
+        let p = |q: f64| v[((q * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)];
+        Percentiles { p50: p(0.5), p90: p(0.9), p99: p(0.99), mean: v.iter().sum::<f64>() / v.len() as f64 }
     }
-    v.sort_by(f64::total_cmp);
-    let p = |q: f64| v[((q * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)];
-    Percentiles { p50: p(0.5), p90: p(0.9), p99: p(0.99), mean: v.iter().sum::<f64>() / v.len() as f64 }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -361,8 +364,8 @@ pub fn simulate(reqs: &[SimRequest], cfg: &SimConfig) -> SimReport {
         rejected: sim.track.iter().filter(|t| t.rejected).count(),
         unfinished: sim.replicas.iter().map(|r| r.sched.len()).sum(),
         goodput: good as f64 / reqs.len().max(1) as f64,
-        ttft_s: percentiles(ttft),
-        tpot_s: percentiles(tpot),
+        ttft_s: Percentiles::of(ttft),
+        tpot_s: Percentiles::of(tpot),
         prefix_hit_rate: if input > 0.0 { hit / input } else { 0.0 },
         utilisation: util.iter().sum::<f64>() / util.len().max(1) as f64,
         utilisation_per_replica: util,
