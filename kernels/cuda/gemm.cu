@@ -8,12 +8,10 @@
 // every row m of the batch. With `quantize_x` the FP8 path first rounds x to e4m3 per 1x128 block
 // with power-of-two scales (the official activation quantisation); the rounded values are exact
 // in bf16, so shared memory holds them as bf16.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "../include/deepinfer_params.h"
+#include "lowp.cuh"
 
 namespace {
 
@@ -29,37 +27,31 @@ template <int MT, bool FP4> __host__ __device__ constexpr int unroll() {
 // k elements of x kept in shared memory per tile: MT * KT * 2 bytes <= 32 KB.
 template <int MT> __host__ __device__ constexpr int ktile() { return MT <= 2 ? 8192 : (MT <= 4 ? 4096 : (MT <= 8 ? 2048 : 1024)); }
 
-__device__ __forceinline__ float e8m0(uint8_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 23); }
+// The rows of x one block multiplies: tile row i < m is x row src(i) (row0 + i, or through a
+// gather of permuted MoE rows: gather[row0 + i] / div, the token of a (token, slot) pair); tile rows
+// >= m are zero. Outputs go to rows row0 + i.
+struct Rows {
+    const int32_t* gather;
+    uint32_t div;
+    uint32_t row0;
+    uint32_t m;
+    __device__ __forceinline__ uint32_t src(uint32_t i) const {
+        const uint32_t r = row0 + i;
+        return gather ? static_cast<uint32_t>(gather[r]) / div : r;
+    }
+};
 
-__device__ __forceinline__ float2 e4m3x2(uint32_t two) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-    return __half22float2(__half2(h));
-}
-
-__device__ __forceinline__ float e2m1(uint32_t c) {
-    const uint32_t e = (c >> 1) & 3u, m = c & 1u, s = (c >> 3) & 1u;
-    const uint32_t bits = e ? (((e + 126u) << 23) | (m << 22)) : (m ? 0x3F000000u : 0u);
-    return __uint_as_float(bits | (s << 31));
-}
-
-// The power-of-two scale 2^ceil(log2(amax / 448)), computed exactly (frexp, no log2 rounding).
-__device__ __forceinline__ float pow2_scale(float amax) {
-    int e;
-    const float f = frexpf(fmaxf(amax, 1e-4f) / 448.f, &e);
-    return ldexpf(1.f, f == 0.5f ? e - 1 : e);
-}
-
-// x[0:m, k0:k0+kt] -> xs[MT][KT] (rows >= m are zero), optionally FP8-rounded per 1x128 block.
+// x[rows, k0:k0+kt] -> xs[MT][KT] (tile rows >= m are zero), optionally FP8-rounded per 1x128 block.
 template <int MT>
-__device__ void load_x(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* xs, const DiGemmParams& p, uint32_t k0,
-                       uint32_t kt, bool quantize) {
+__device__ void load_x(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* xs, const Rows& rows, uint32_t k,
+                       uint32_t k0, uint32_t kt, bool quantize) {
     constexpr int KT = ktile<MT>();
     if (!quantize) {
         const uint32_t per_row = kt / 8;  // 16-byte vectors (k % 16 == 0)
         for (uint32_t i = threadIdx.x; i < MT * per_row; i += blockDim.x) {
             const uint32_t m = i / per_row, v = i % per_row;
             uint4 val = make_uint4(0, 0, 0, 0);
-            if (m < p.m) val = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * p.k + k0 + v * 8);
+            if (m < rows.m) val = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(rows.src(m)) * k + k0 + v * 8);
             *reinterpret_cast<uint4*>(xs + m * KT + v * 8) = val;
         }
         return;
@@ -69,25 +61,20 @@ __device__ void load_x(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* xs, c
     const uint32_t blocks = (kt + 127) / 128;
     for (uint32_t c = warp; c < MT * blocks; c += nwarps) {
         const uint32_t m = c / blocks, b = c % blocks;
+        const __nv_bfloat16* xr = m < rows.m ? x + static_cast<size_t>(rows.src(m)) * k + k0 : nullptr;
         float v[4];
         float amax = 0.f;
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint32_t kk = b * 128 + lane * 4 + j;
-            v[j] = (m < p.m && kk < kt) ? __bfloat162float(x[static_cast<size_t>(m) * p.k + k0 + kk]) : 0.f;
+            v[j] = (xr && kk < kt) ? __bfloat162float(xr[kk]) : 0.f;
             amax = fmaxf(amax, fabsf(v[j]));
         }
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float s = pow2_scale(amax);
+        const float s = pow2_scale(warp_max(amax));
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint32_t kk = b * 128 + lane * 4 + j;
-            if (kk < kt) {
-                const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[j] / s, __NV_SATFINITE, __NV_E4M3);
-                const float r = __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))) * s;
-                xs[m * KT + kk] = __float2bfloat16_rn(r);
-            }
+            if (kk < kt) xs[m * KT + kk] = __float2bfloat16_rn(fp8_round(v[j], s));
         }
     }
 }
@@ -141,7 +128,7 @@ __device__ void gemv(const __nv_bfloat16* __restrict__ x, const uint8_t* __restr
         uint4 cur[UNROLL];
         fetch(cur, k0, lane, nv);
         __syncthreads();
-        load_x<MT>(x, xs, p, k0, kt, !FP4 && p.quantize_x);
+        load_x<MT>(x, xs, Rows{nullptr, 1, 0, p.m}, p.k, k0, kt, p.quantize_x != 0);
         __syncthreads();
         if (n >= p.n) continue;
         for (uint32_t v0 = lane; v0 < nv; v0 += 32 * UNROLL) {
@@ -260,19 +247,35 @@ __device__ __forceinline__ void expand4(const uint4& v, int s, float scale, uint
     hi = pack_bf16(f[2] * scale, f[3] * scale);
 }
 
-// Split over k: block (bx, by) covers k in [by * split_k, (by + 1) * split_k) (split_k a multiple of
-// 128). With one split the block writes y; with several it writes its fp32 partial sums to
-// partial[by][m][n], and di_gemm_splitk_reduce adds them in split order (deterministic).
+// One block computes 128 outputs (8 warps x 16) of one job: up to MT rows of x against one weight
+// matrix. Dense GEMMs: job z covers rows [z * MT, z * MT + MT). Grouped (MoE) GEMMs: job z is
+// chunks[z] = (expert, first permuted row, rows), jobs past *num_chunks exit; the expert's weights
+// and scales start w_stride and s_stride bytes apart, and x rows come through the gather.
+//
+// Split over k: block (bx, by, z) covers k in [by * split_k, (by + 1) * split_k) (split_k a multiple
+// of 128). With one split the block writes y; with several it writes its fp32 partial sums to
+// partial[by][row][n] (p.m rows in all), and di_gemm_splitk_reduce adds them in split order
+// (deterministic).
 template <int MT, bool FP4>
-__device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
-                        const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y, float* __restrict__ partial,
-                        DiGemmParams p, uint32_t split_k) {
+__device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ gather, uint32_t gather_div,
+                        const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y,
+                        float* __restrict__ partial, DiGemmParams p, uint32_t split_k, const int4* __restrict__ chunks,
+                        const int32_t* __restrict__ num_chunks, uint64_t w_stride, uint64_t s_stride) {
     constexpr int KT = ktile<MT>();
     constexpr int E = FP4 ? 32 : 16;    // weights per thread per row per super-step (16 bytes)
     constexpr int SK = 4 * E;           // k per super-step
     constexpr int STEPS = E / 4;        // mma steps per super-step
     constexpr int NB = MT > 8 ? 2 : 1;  // 8-column B operands
     __shared__ __align__(16) __nv_bfloat16 xs[MT * KT];
+    Rows rows{gather, gather_div, blockIdx.z * MT, min(static_cast<uint32_t>(MT), p.m - min(p.m, blockIdx.z * MT))};
+    if (chunks) {
+        if (static_cast<int32_t>(blockIdx.z) >= *num_chunks) return;
+        const int4 c = chunks[blockIdx.z];
+        w += static_cast<uint64_t>(c.x) * w_stride;
+        scale += static_cast<uint64_t>(c.x) * s_stride;
+        rows.row0 = static_cast<uint32_t>(c.y);
+        rows.m = static_cast<uint32_t>(c.z);
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const uint32_t n0 = (blockIdx.x * WARPS + warp) * 16;
@@ -286,7 +289,7 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
     for (uint32_t k0 = kbeg; k0 < kend; k0 += KT) {
         const uint32_t kt = min(static_cast<uint32_t>(KT), kend - k0);
         __syncthreads();
-        load_x<MT>(x, xs, p, k0, kt, !FP4 && p.quantize_x);
+        load_x<MT>(x, xs, rows, p.k, k0, kt, p.quantize_x != 0);
         __syncthreads();
         if (n0 >= p.n) continue;
         #pragma unroll 2
@@ -324,8 +327,8 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint32_t m = b * 8 + 2 * q + (j & 1), n = (j < 2) ? r0 : r1;
-            if (m >= p.m || n >= p.n) continue;
-            const size_t at = static_cast<size_t>(m) * p.n + n;
+            if (m >= rows.m || n >= p.n) continue;
+            const size_t at = static_cast<size_t>(rows.row0 + m) * p.n + n;
             if (gridDim.y == 1) {
                 y[at] = __float2bfloat16_rn(c[b][j]);
             } else {
@@ -339,14 +342,18 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
 
 #define DI_GEMM_TC(MT)                                                                                       \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp8_tc_m##MT(                          \
-        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, float* partial,       \
-        DiGemmParams p, uint32_t split_k) {                                                                 \
-        gemm_tc<MT, false>(x, w, s, y, partial, p, split_k);                                                \
+        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
+        __nv_bfloat16* y, float* partial, DiGemmParams p, uint32_t split_k, const int4* chunks,             \
+        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
+        gemm_tc<MT, false>(x, gather, gather_div, w, s, y, partial, p, split_k, chunks, num_chunks, w_stride, \
+                           s_stride);                                                                       \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp4_tc_m##MT(                          \
-        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, float* partial,       \
-        DiGemmParams p, uint32_t split_k) {                                                                 \
-        gemm_tc<MT, true>(x, w, s, y, partial, p, split_k);                                                 \
+        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
+        __nv_bfloat16* y, float* partial, DiGemmParams p, uint32_t split_k, const int4* chunks,             \
+        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
+        gemm_tc<MT, true>(x, gather, gather_div, w, s, y, partial, p, split_k, chunks, num_chunks, w_stride,  \
+                          s_stride);                                                                        \
     }
 
 DI_GEMM_TC(8)

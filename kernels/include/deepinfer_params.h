@@ -36,12 +36,13 @@ typedef struct DiRopeParams {
     uint32_t inverse;
 } DiRopeParams;
 
-/* y[m, n] = sum_k x[m, k] * W[n, k] with low-precision weights, for decode-sized m.
- * FP8: W is e4m3 [n, k] with ue8m0 scales over 128x128 blocks ([ceil(n/128), ceil(k/128)] bytes);
- * `quantize_x` != 0 first rounds x to e4m3 per 1x128 block with power-of-two scales (the
- * official activation quantisation). FP4: W is e2m1 packed two per byte [n, k/2] (low nibble
- * first) with ue8m0 scales per 1x32 ([n, k/32] bytes); x stays bf16. x and y are bf16 with
- * rows `k` and `n` elements apart; accumulation is fp32. */
+/* y[m, n] = sum_k x[m, k] * W[n, k] with low-precision weights (m rows of y; for a grouped MoE
+ * GEMM, all permuted rows).
+ * FP8: W is e4m3 [n, k] with ue8m0 scales over 128x128 blocks ([ceil(n/128), ceil(k/128)] bytes).
+ * FP4: W is e2m1 packed two per byte [n, k/2] (low nibble first) with ue8m0 scales per 1x32
+ * ([n, k/32] bytes). `quantize_x` != 0 first rounds x to e4m3 per 1x128 block with power-of-two
+ * scales (the official activation quantisation). x and y are bf16 with rows `k` and `n` elements
+ * apart; accumulation is fp32. */
 typedef struct DiGemmParams {
     uint32_t m;
     uint32_t n;

@@ -174,6 +174,52 @@ fn gemm_case(
         "speedup_over_cublaslt_bf16": ms_bf16 / ms, "rel_err_vs_cpu": rel})
 }
 
+/// FP8 matrix-unit rate used as the prefill floor: twice the 790 TFLOP/s bf16 rate measured on
+/// this H200 kind (the datasheet's dense FP8 figure is 1979).
+const FP8_FLOP_PER_S: f64 = 1580e12;
+const BF16_FLOP_PER_S: f64 = 790e12;
+
+/// A prefill-shaped FP8 GEMM (m in the thousands) through the tensor-core kernel's row jobs, and
+/// cuBLASLt bf16 on the same shape. Checked against the CPU on the first 16 rows (the full
+/// product is too large for the CPU reference; the parity test covers m > 16 in full).
+fn prefill_case(s: &Stream, rng: &mut SplitMix, what: &str, m: u32, n: usize, k: usize) -> serde_json::Value {
+    let f = ops::WeightFormat::Fp8Block128;
+    let p = GemmParams::new(m, n as u32, k as u32, true);
+    let (wb, sb) = f.bytes(n, k);
+    let w: Vec<u8> = (0..wb).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(rng.next_u64())).collect();
+    let sc: Vec<u8> = (0..sb).map(|_| 120 + (rng.next_u64() % 6) as u8).collect();
+    let x: Vec<bf16> = to(&rng.vec(m as usize * k));
+    let (xb, wbuf, scb) = (s.upload(&x).unwrap(), s.upload(&w).unwrap(), s.upload(&sc).unwrap());
+    let mut y = s.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap();
+    ops::gemm_lowp(s, f, &xb, &wbuf, &scb, &mut y, &p).unwrap();
+    let got: Vec<f32> = s.download_range(&y, 0, 16 * n).unwrap().iter().map(|v| v.to_f32()).collect();
+    let p16 = GemmParams::new(16, n as u32, k as u32, true);
+    let mut want = vec![bf16::ZERO; 16 * n];
+    deepinfer_kernels_ffi::cpu::gemm_fp8(&x[..16 * k], &w, &sc, &mut want, &p16);
+    let want: Vec<f32> = want.iter().map(|v| v.to_f32()).collect();
+    let (rel, _) = rel_err(&got, &want);
+    assert!(rel < 4e-3, "prefill gemm {m}x{n}x{k}: rel_err {rel:e} against the CPU");
+    let ms = time_ms(s, || ops::gemm_lowp(s, f, &xb, &wbuf, &scb, &mut y, &p).unwrap());
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    let floor_ms = flops / FP8_FLOP_PER_S * 1e3;
+    let wbf: Vec<bf16> = to(&rng.vec(n * k));
+    let wbfb = s.upload(&wbf).unwrap();
+    let pb = GemmParams::new(m, n as u32, k as u32, false);
+    let ms_bf16 = time_ms(s, || ops::gemm_bf16(s, &xb, &wbfb, &mut y, &pb).unwrap());
+    println!(
+        "prefill gemm {what:<18} {:<20} FP8 m={m} n={n} k={k}  median {ms:>8.4} ms  {:.0} TFLOP/s  FP8 floor {floor_ms:.4} ms  achieved/floor {:.3} | cuBLASLt bf16 {ms_bf16:.4} ms ({:.0} TFLOP/s, achieved/bf16 floor {:.3})  rel_err(16 rows) {rel:.1e}",
+        ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(),
+        flops / (ms * 1e-3) / 1e12,
+        floor_ms / ms,
+        flops / (ms_bf16 * 1e-3) / 1e12,
+        flops / BF16_FLOP_PER_S * 1e3 / ms_bf16,
+    );
+    serde_json::json!({"op": "gemm_lowp_prefill", "weights": what, "format": "Fp8Block128", "m": m, "n": n, "k": k,
+        "kernel": ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(), "quantize_x": true, "flops": flops,
+        "median_ms": ms, "fp8_floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
+        "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_tflop_per_s": flops / (ms_bf16 * 1e-3) / 1e12, "rel_err_vs_cpu_first_16_rows": rel})
+}
+
 fn main() {
     let Some(dev) = cuda_device_or_skip("gpu_ops bench") else {
         return;
@@ -204,6 +250,10 @@ fn main() {
         for (f, what, n, k) in shapes {
             results.push(gemm_case(&s, &mut rng, f, what, m, n, k));
         }
+    }
+    // Prefill-shaped FP8 GEMMs (4096 tokens).
+    for (what, n, k) in [("attn.wq_b", 32768, 1024), ("attn.wo_b", 4096, 8192), ("shared_experts.w1", 2048, 4096)] {
+        results.push(prefill_case(&s, &mut rng, what, 4096, n, k));
     }
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
     let gpu = report.gpus.first().map(|g| g.name.clone()).unwrap_or_default();

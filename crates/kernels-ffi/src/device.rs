@@ -147,6 +147,39 @@ impl<T: Element> DeviceBuffer<T> {
         }
     }
 
+    /// The host elements; callers dispatch here only after `check_on` placed the buffer on a CPU stream.
+    pub(crate) fn host(&self) -> &[T] {
+        match &self.storage {
+            Storage::Host(v) => v,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => unreachable!("check_on verified the buffer is on the CPU"),
+        }
+    }
+
+    pub(crate) fn host_mut(&mut self) -> &mut [T] {
+        match &mut self.storage {
+            Storage::Host(v) => v,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => unreachable!("check_on verified the buffer is on the CPU"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(&self) -> &cudarc::driver::CudaSlice<T> {
+        match &self.storage {
+            Storage::Cuda(s) => s,
+            Storage::Host(_) => unreachable!("check_on verified the buffer is on a CUDA device"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_mut(&mut self) -> &mut cudarc::driver::CudaSlice<T> {
+        match &mut self.storage {
+            Storage::Cuda(s) => s,
+            Storage::Host(_) => unreachable!("check_on verified the buffer is on a CUDA device"),
+        }
+    }
+
     pub(crate) fn location(&self) -> String {
         match &self.storage {
             Storage::Host(_) => "cpu".to_string(),
@@ -192,6 +225,16 @@ impl Stream {
             Storage::Host(v) => v.copy_from_slice(data),
             #[cfg(feature = "cuda")]
             Storage::Cuda(d) => self.cuda_stream("write", "buf")?.memcpy_htod(data, d)?,
+        }
+        Ok(())
+    }
+
+    /// Set every element of `buf` to zero, stream-ordered (no host synchronisation).
+    pub fn fill_zero<T: Element>(&self, buf: &mut DeviceBuffer<T>) -> Result<()> {
+        match &mut buf.storage {
+            Storage::Host(v) => v.iter_mut().for_each(|x| *x = T::from_f32(0.0)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(d) => self.cuda_stream("fill_zero", "buf")?.memset_zeros(d)?,
         }
         Ok(())
     }

@@ -27,6 +27,7 @@ mod device;
 mod element;
 mod embedded;
 mod error;
+pub mod moe;
 pub mod ops;
 pub mod params;
 pub mod quant;

@@ -112,7 +112,8 @@ pub fn rope<T: Element>(
     }
 }
 
-/// Largest `m` the decode GEMM kernels take (prefill-sized GEMMs are not built yet).
+/// Largest `m` the CUDA-core decode GEMM kernels take; with k a multiple of 128 the tensor-core
+/// kernel takes any m (16 rows per weight pass: a first prefill path, not a tuned one).
 pub const GEMM_DECODE_MAX_M: u32 = 16;
 
 /// Which low-precision weight format a GEMM reads.
@@ -134,8 +135,8 @@ impl WeightFormat {
     }
 }
 
-/// y[m, n] = Σ_k x[m, k]·W[n, k] for decode-sized m (≤ [`GEMM_DECODE_MAX_M`]) with FP8 or FP4
-/// weights (see [`GemmParams`]); x and y bf16, fp32 accumulation.
+/// y[m, n] = Σ_k x[m, k]·W[n, k] with FP8 or FP4 weights (see [`GemmParams`]); x and y bf16, fp32
+/// accumulation. m ≤ [`GEMM_DECODE_MAX_M`], or any m when k is a multiple of 128.
 pub fn gemm_lowp(
     stream: &Stream,
     format: WeightFormat,
@@ -146,11 +147,11 @@ pub fn gemm_lowp(
     p: &GemmParams,
 ) -> Result<()> {
     const OP: &str = "gemm_lowp";
-    if p.m == 0 || p.m > GEMM_DECODE_MAX_M {
+    if p.m == 0 || (p.m > GEMM_DECODE_MAX_M && !p.k.is_multiple_of(128)) {
         return Err(FfiError::shape(
             OP,
             "m",
-            format!("{} is outside 1..={GEMM_DECODE_MAX_M} (the decode kernels; prefill GEMMs are not built yet)", p.m),
+            format!("{} must be in 1..={GEMM_DECODE_MAX_M}, or any positive m when k is a multiple of 128", p.m),
         ));
     }
     let align = if format == WeightFormat::Fp8Block128 { 16 } else { 32 };
@@ -161,8 +162,8 @@ pub fn gemm_lowp(
             format!("n {} and k {} must be positive, k a multiple of {align}", p.n, p.k),
         ));
     }
-    if format == WeightFormat::Fp4Row32 && p.quantize_x != 0 {
-        return Err(FfiError::shape(OP, "quantize_x", "FP4 weights take bf16 activations"));
+    if format == WeightFormat::Fp4Row32 && p.quantize_x != 0 && !p.k.is_multiple_of(128) {
+        return Err(FfiError::shape(OP, "quantize_x", "FP4 with activation quantisation needs k a multiple of 128"));
     }
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
     let (wb, sb) = format.bytes(n, k);
@@ -183,8 +184,8 @@ pub fn gemm_lowp(
             Ok(())
         }
         #[cfg(feature = "cuda")]
-        (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(s), Storage::Cuda(y)) => {
-            crate::cuda::launch::gemm_lowp(stream, format, x, w, s, y, p)
+        (Storage::Cuda(_), Storage::Cuda(_), Storage::Cuda(_), Storage::Cuda(_)) => {
+            crate::cuda::launch::gemm_lowp(stream, format, x, w, scale, y, p)
         }
         #[cfg(feature = "cuda")]
         _ => unreachable!("check_on verified every buffer is on the stream's device"),
@@ -195,7 +196,7 @@ pub fn gemm_lowp(
 pub fn gemm_lowp_cuda_kernel(format: WeightFormat, p: &GemmParams) -> Option<String> {
     #[cfg(feature = "cuda")]
     {
-        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.k).0)
+        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.k, p.quantize_x != 0).0)
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -273,6 +274,7 @@ mod tests {
         assert!(e(GemmParams::new(17, 4, 64, false), WeightFormat::Fp8Block128).contains("`m`"));
         assert!(e(GemmParams::new(1, 4, 60, false), WeightFormat::Fp8Block128).contains("`k`"));
         assert!(e(GemmParams::new(1, 4, 64, true), WeightFormat::Fp4Row32).contains("`quantize_x`"));
+        assert!(e(GemmParams::new(17, 4, 64, false), WeightFormat::Fp4Row32).contains("`m`"));
         assert!(e(GemmParams::new(2, 4, 64, false), WeightFormat::Fp8Block128).contains("`x`"));
         gemm_lowp(&s, WeightFormat::Fp8Block128, &x, &w, &sc, &mut y, &GemmParams::new(1, 4, 64, false)).unwrap();
     }

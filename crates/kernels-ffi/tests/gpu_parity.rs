@@ -180,13 +180,19 @@ fn gpu_gemm_lowp_matches_cpu() {
         (ops::WeightFormat::Fp8Block128, false),
         (ops::WeightFormat::Fp8Block128, true),
         (ops::WeightFormat::Fp4Row32, false),
+        (ops::WeightFormat::Fp4Row32, true),
     ] {
         // k a multiple of 32 (CUDA-core kernel unless it happens to suit the tensor-core one) and
         // of 128 (tensor-core kernel from m = 2).
         // k a multiple of 128 selects the tensor-core kernel from m = 2: narrow n splits k across
         // blocks (fp32 partials, then a reduce); n >= 33792 runs a single split.
-        let cases =
-            [1u32, 2, 3, 5, 8, 11, 16].into_iter().flat_map(|m| [(m, 32usize, false), (m, 128, false), (m, 128, true)]);
+        // FP4 with activation quantisation needs k a multiple of 128 (tensor cores at any m);
+        // m > 16 runs the tensor-core kernel over several 16-row jobs.
+        let units: &[usize] = if f == ops::WeightFormat::Fp4Row32 && q { &[128] } else { &[32, 128] };
+        let cases = [1u32, 2, 3, 5, 8, 11, 16, 17, 100].into_iter().flat_map(|m| {
+            units.iter().filter(move |u| m <= 16 || **u == 128).flat_map(move |u| [(m, *u, false), (m, *u, true)])
+        });
+        let cases = cases.filter(|(_, unit, wide)| !*wide || *unit == 128);
         for (m, unit, wide) in cases {
             let n = if wide { 33792 + (rng.next_u64() % 300) as usize } else { 1 + (rng.next_u64() % 700) as usize };
             let k = unit * (1 + (rng.next_u64() % (if wide { 1024 } else { 4800 } / unit) as u64) as usize);

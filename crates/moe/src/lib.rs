@@ -1,7 +1,9 @@
 //! Mixture-of-experts logic of DeepSeek-V4: score routing (sqrt-softplus, bias-corrected top-k,
 //! normalisation and scaling), hash routing by `tid2eid`, expert placement and replication (EPLB),
-//! and token dispatch/combine plans for expert parallelism. Logic over indices and weights only;
-//! the CPU model and the CUDA kernels both use these definitions as their reference.
+//! and token dispatch/combine plans for expert parallelism: logic over indices and weights, the
+//! reference of the CPU model and the CUDA kernels. [`layer`] composes one MoE sublayer from
+//! `deepinfer-kernels-ffi`'s ops (routing, dispatch, grouped expert GEMMs, SwiGLU, combine), so it
+//! runs on the CPU backend and on CUDA alike.
 //!
 //! ```
 //! use deepinfer_moe::{Router, RoutingPolicy};
@@ -15,6 +17,7 @@
 //! # Ok::<(), deepinfer_moe::RoutingError>(())
 //! ```
 
+pub mod layer;
 mod routing;
 
 pub use routing::{sqrt_softplus, Router, Routing, RoutingError, RoutingPolicy};

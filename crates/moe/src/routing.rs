@@ -18,11 +18,9 @@ pub enum RoutingError {
     ExpertOutOfRange { expert: i64, experts: usize },
 }
 
-/// `sqrt(softplus(z))`, with torch's softplus threshold (linear above 20).
-pub fn sqrt_softplus(z: f32) -> f32 {
-    let sp = if z > 20.0 { z } else { z.exp().ln_1p() };
-    sp.sqrt()
-}
+/// `sqrt(softplus(z))`, with torch's softplus threshold (linear above 20): the one definition the
+/// CPU backend's routing op uses too.
+pub use deepinfer_kernels_ffi::cpu::moe::sqrt_softplus;
 
 /// How a token's experts are chosen.
 #[derive(Debug, Clone, Copy)]

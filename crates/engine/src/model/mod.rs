@@ -24,7 +24,8 @@ use compressor::Compressor;
 use linear::rms_norm_rows;
 pub use linear::Linear;
 use mhc::{HcHead, HcParams, HcShape};
-use moe_block::{Expert, MoeBlock, MoeError};
+use moe_block::MoeError;
+pub use moe_block::{Expert, MoeBlock};
 
 #[derive(Debug, Error)]
 pub enum ModelError {

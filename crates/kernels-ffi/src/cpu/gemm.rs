@@ -50,11 +50,12 @@ pub fn gemm_fp8(x: &[bf16], w: &[u8], scale: &[u8], y: &mut [bf16], p: &GemmPara
     }
 }
 
-/// FP4 e2m1 W packed [n, k/2] (low nibble first) with ue8m0 scales per 1×32 ([n, k/32]).
+/// FP4 e2m1 W packed [n, k/2] (low nibble first) with ue8m0 scales per 1×32 ([n, k/32]); x is
+/// FP8-rounded per 1×128 block first when asked (the official MoE activation quantisation).
 pub fn gemm_fp4(x: &[bf16], w: &[u8], scale: &[u8], y: &mut [bf16], p: &GemmParams) {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
     for mi in 0..m {
-        let xr = x_row(x, mi, k, false);
+        let xr = x_row(x, mi, k, p.quantize_x != 0);
         for ni in 0..n {
             let row = &w[ni * k / 2..(ni + 1) * k / 2];
             let mut acc = 0f32;

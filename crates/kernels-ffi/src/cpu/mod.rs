@@ -4,6 +4,7 @@
 //! and the CPU model calls them directly.
 
 mod gemm;
+pub mod moe;
 mod norm;
 mod rope;
 

@@ -2,7 +2,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::device::{Device, Stream};
+use crate::device::{Device, DeviceBuffer, Stream};
 use crate::element::{DType, Element};
 use crate::params::{RmsNormParams, RopeParams};
 use crate::Result;
@@ -18,7 +18,7 @@ const NORM_WARP_ROWS: u32 = 4;
 /// Fewer rows than this use the block kernel (see `rms_norm_launch`).
 const NORM_WARP_MIN_ROWS: u32 = 1024;
 
-fn backend(stream: &Stream) -> &CudaBackend {
+pub(crate) fn backend(stream: &Stream) -> &CudaBackend {
     match stream.device() {
         Device::Cuda(b) => b,
         Device::Cpu => unreachable!("ops dispatch CUDA storage to CUDA streams only"),
@@ -103,86 +103,151 @@ pub(crate) fn rope<T: Element>(
 /// Blocks the tensor-core kernel aims for (two waves of the H200's 132 SMs): narrow outputs split k.
 const GEMM_TC_TARGET_BLOCKS: u32 = 264;
 
-/// Splits over k for the tensor-core kernel, and the k each covers (a multiple of 128).
-pub(crate) fn gemm_tc_split(n: u32, k: u32) -> (u32, u32) {
-    let blocks = n.div_ceil(128);
+/// Splits over k for the tensor-core kernel when `jobs` blocks of rows share each 128-output tile,
+/// and the k each split covers (a multiple of 128).
+pub(crate) fn gemm_tc_split(n: u32, k: u32, jobs: u32) -> (u32, u32) {
+    let blocks = n.div_ceil(128) * jobs.max(1);
     let want = GEMM_TC_TARGET_BLOCKS.div_ceil(blocks).clamp(1, k / 128);
     let split_k = k.div_ceil(want).div_ceil(128) * 128;
     (k.div_ceil(split_k), split_k)
 }
 
-/// Kernel entry point for a decode GEMM and the outputs (rows of W) one block computes: the
-/// tensor-core kernel (16 rows a warp, 8 warps, k split across blocks for narrow outputs) from 2
-/// rows of x when k is a multiple of 128, else the CUDA-core kernel (a row a warp) with the
-/// smallest batch tile that holds `m`.
-pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, k: u32) -> (String, u32) {
+/// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: the
+/// tensor-core kernel (16 outputs a warp, 8 warps, k split across blocks for narrow outputs) from 2
+/// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128, else the
+/// CUDA-core kernel (a row a warp) with the smallest batch tile that holds `m` (m <= 16).
+pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, k: u32, quantize: bool) -> (String, u32) {
     let f = match format {
         crate::ops::WeightFormat::Fp8Block128 => "fp8",
         crate::ops::WeightFormat::Fp4Row32 => "fp4",
     };
-    if m >= 2 && k.is_multiple_of(128) {
+    let fp4_quant = quantize && format == crate::ops::WeightFormat::Fp4Row32;
+    if (m >= 2 || fp4_quant) && k.is_multiple_of(128) {
         return (format!("di_gemm_{f}_tc_m{}", if m <= 8 { 8 } else { 16 }), 128);
     }
     let tile = [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap_or(16);
     (format!("di_gemm_{f}_m{tile}"), 8)
 }
 
+/// Which rows of x a tensor-core GEMM launch multiplies.
+pub(crate) enum TcJobs<'a> {
+    /// Rows 0..m in blocks of the kernel's tile, one weight matrix.
+    Dense,
+    /// MoE chunks (expert, first row, rows) from a dispatch: at most `capacity` of them, about
+    /// `active` of which are live when rows are few; experts' weights `w_stride` / `s_stride` bytes apart.
+    Grouped {
+        chunks: &'a DeviceBuffer<i32>,
+        num_chunks: &'a DeviceBuffer<i32>,
+        capacity: u32,
+        tile: u32,
+        active: u32,
+        w_stride: u64,
+        s_stride: u64,
+    },
+}
+
+/// Launch the tensor-core GEMM (and its split-k reduce). `gather`: x rows through a dispatch's
+/// row_pair divided by top_k. The caller checked every length against `p` (p.m rows of y).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_tc_launch(
+    stream: &Stream,
+    format: crate::ops::WeightFormat,
+    x: &DeviceBuffer<half::bf16>,
+    gather: Option<(&DeviceBuffer<i32>, u32)>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+    jobs: TcJobs<'_>,
+) -> Result<()> {
+    let f = match format {
+        crate::ops::WeightFormat::Fp8Block128 => "fp8",
+        crate::ops::WeightFormat::Fp4Row32 => "fp4",
+    };
+    let (tile, grid_z, live_jobs) = match &jobs {
+        TcJobs::Dense => {
+            let tile = if p.m <= 8 { 8 } else { 16 };
+            (tile, p.m.div_ceil(tile), p.m.div_ceil(tile))
+        }
+        TcJobs::Grouped { tile, capacity, active, .. } => (*tile, *capacity, *active),
+    };
+    if grid_z > 65535 {
+        return Err(crate::FfiError::shape("gemm", "m", format!("{} rows need more than 65535 row blocks", p.m)));
+    }
+    let func = backend(stream).function("gemm", &format!("di_gemm_{f}_tc_m{tile}"))?;
+    let s = stream.cuda_stream("gemm", "x")?;
+    let (splits, split_k) = gemm_tc_split(p.n, p.k, live_jobs);
+    let cfg =
+        LaunchConfig { grid_dim: (p.n.div_ceil(128), splits, grid_z), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mn = p.m as u64 * p.n as u64;
+    let none: u64 = 0;
+    // SAFETY: uninitialised memory; every element of a live row is written by exactly one block
+    // (each split writes its rows of the [m, n] partial) before the reduce, later on the stream,
+    // reads it; rows no job covers (unrouted MoE rows) are reduced from garbage into rows of y
+    // that nothing reads.
+    let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * mn) as usize) }?) } else { None };
+    let div = gather.map_or(1, |(_, d)| d);
+    let mut b = s.launch_builder(&func);
+    b.arg(x.cuda());
+    match gather {
+        Some((g, _)) => b.arg(g.cuda()),
+        None => b.arg(&none),
+    };
+    b.arg(&div);
+    b.arg(w.cuda()).arg(scale.cuda()).arg(y.cuda_mut());
+    match partial.as_mut() {
+        Some(pt) => b.arg(pt),
+        None => b.arg(&none),
+    };
+    b.arg(p).arg(&split_k);
+    let (ws, ss);
+    match &jobs {
+        TcJobs::Dense => {
+            b.arg(&none).arg(&none).arg(&none).arg(&none);
+        }
+        TcJobs::Grouped { chunks, num_chunks, w_stride, s_stride, .. } => {
+            (ws, ss) = (*w_stride, *s_stride);
+            b.arg(chunks.cuda()).arg(num_chunks.cuda()).arg(&ws).arg(&ss);
+        }
+    }
+    // SAFETY: di_gemm_{fp8,fp4}_tc_m* take (x, gather, gather_div, w, scale, y, partial, params,
+    // split_k, chunks, num_chunks, w_stride, s_stride). The caller checked x, w (every expert's
+    // matrix), scale and y [p.m, n] against the format and k % 128 == 0; split_k is a multiple of
+    // 128 with splits * split_k >= k; dense jobs cover rows z * tile .. min(m, z * tile + tile);
+    // grouped chunks name rows < p.m, experts < the count w and scale hold, and gathered pairs < tokens * top_k.
+    unsafe { b.launch(cfg) }?;
+    if let Some(pt) = partial {
+        let r = backend(stream).function("gemm", "di_gemm_splitk_reduce")?;
+        let mn32 = u32::try_from(mn).map_err(|_| crate::FfiError::shape("gemm", "m", "m * n exceeds u32"))?;
+        let rc = LaunchConfig { grid_dim: (mn32.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: partial holds splits * mn floats and y mn bf16 (checked by the caller).
+        unsafe { s.launch_builder(&r).arg(&pt).arg(y.cuda_mut()).arg(&mn32).arg(&splits).launch(rc) }?;
+    }
+    Ok(())
+}
+
 pub(crate) fn gemm_lowp(
     stream: &Stream,
     format: crate::ops::WeightFormat,
-    x: &CudaSlice<half::bf16>,
-    w: &CudaSlice<u8>,
-    scale: &CudaSlice<u8>,
-    y: &mut CudaSlice<half::bf16>,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
-    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.k);
+    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.k, p.quantize_x != 0);
+    if name.contains("_tc_") {
+        return gemm_tc_launch(stream, format, x, None, w, scale, y, p, TcJobs::Dense);
+    }
     let f = backend(stream).function("gemm", &name)?;
     let s = stream.cuda_stream("gemm_lowp", "x")?;
-    if name.contains("_tc_") {
-        let (splits, split_k) = gemm_tc_split(p.n, p.k);
-        let cfg =
-            LaunchConfig { grid_dim: (p.n.div_ceil(128), splits, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mn = p.m * p.n;
-        if splits == 1 {
-            let none: u64 = 0;
-            // SAFETY: as below; with one split the kernel writes y and never touches `partial`.
-            unsafe {
-                s.launch_builder(&f).arg(x).arg(w).arg(scale).arg(y).arg(&none).arg(p).arg(&split_k).launch(cfg)
-            }?;
-            return Ok(());
-        }
-        // SAFETY: uninitialised memory; every element is written by exactly one block (each
-        // split writes its whole [m, n] partial) before the reduce, later on the stream, reads it.
-        let mut partial = unsafe { s.alloc::<f32>((splits * mn) as usize) }?;
-        // SAFETY: di_gemm_{fp8,fp4}_tc_m* take (x, w, scale, y, partial, params, split_k); the op
-        // checked 1 <= m <= 16 and the lengths of x, w, scale and y; partial holds splits*m*n
-        // floats; split_k is a multiple of 128 (the kernel's super-steps and FP8 scale blocks)
-        // with splits * split_k >= k.
-        unsafe {
-            s.launch_builder(&f)
-                .arg(x)
-                .arg(w)
-                .arg(scale)
-                .arg(&mut *y)
-                .arg(&mut partial)
-                .arg(p)
-                .arg(&split_k)
-                .launch(cfg)
-        }?;
-        let r = backend(stream).function("gemm", "di_gemm_splitk_reduce")?;
-        let rc = LaunchConfig { grid_dim: (mn.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: partial holds splits * mn floats and y mn bf16 (checked by the op).
-        unsafe { s.launch_builder(&r).arg(&partial).arg(y).arg(&mn).arg(&splits).launch(rc) }?;
-        return Ok(());
-    }
     // The CUDA-core kernel: 8 warps a block (WARPS in gemm.cu), a row each.
     let cfg =
         LaunchConfig { grid_dim: (p.n.div_ceil(rows_per_block), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: matches di_gemm_{fp8,fp4}_m* in gemm.cu; the op checked 1 <= m <= 16 (the tile
     // holds m rows), k's alignment (16-byte weight vectors, 1x32 FP4 groups), and the lengths of
     // x [m, k], w, scale and y [m, n] for the format.
-    unsafe { s.launch_builder(&f).arg(x).arg(w).arg(scale).arg(y).arg(p).launch(cfg) }?;
+    unsafe { s.launch_builder(&f).arg(x.cuda()).arg(w.cuda()).arg(scale.cuda()).arg(y.cuda_mut()).arg(p).launch(cfg) }?;
     Ok(())
 }
 

@@ -5,5 +5,6 @@
 mod backend;
 pub(crate) mod launch;
 pub(crate) mod libraries;
+pub(crate) mod moe;
 
 pub use backend::CudaBackend;

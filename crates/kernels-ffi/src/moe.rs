@@ -1,0 +1,504 @@
+//! The MoE sublayer's ops (MODEL_V4.md §8): router logits, routing (score or hash), dispatch of
+//! (token, slot) pairs to experts, grouped expert GEMMs with FP8 or FP4 weights, SwiGLU with
+//! clamps, and the combine. Each validates its arguments (naming the field) and runs the CPU
+//! reference ([`crate::cpu`]'s `moe` functions) or the CUDA kernels (`kernels/cuda/moe.cu`, and the
+//! grouped tensor-core GEMM of `gemm.cu`).
+//!
+//! A pair is index `t * top_k + slot`. [`MoeDispatch`] groups the pairs by expert into permuted
+//! rows; the grouped GEMM runs over those rows in chunks of at most `tile` rows of one expert.
+
+use half::bf16;
+
+use crate::cpu::moe as host;
+use crate::device::{DeviceBuffer, Stream};
+use crate::error::FfiError;
+use crate::ops::WeightFormat;
+use crate::params::GemmParams;
+use crate::{DeviceKind, Result};
+
+/// Most experts the routing kernel takes (16 per lane of a warp).
+pub const MAX_EXPERTS: u32 = 512;
+/// Most experts per token the routing and combine kernels take.
+pub const MAX_TOP_K: u32 = 16;
+
+/// The routing shape of one MoE call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeShape {
+    pub tokens: u32,
+    pub experts: u32,
+    pub top_k: u32,
+}
+
+impl MoeShape {
+    pub fn pairs(&self) -> usize {
+        self.tokens as usize * self.top_k as usize
+    }
+
+    fn check(&self, op: &'static str) -> Result<()> {
+        if self.experts == 0 || self.experts > MAX_EXPERTS {
+            return Err(FfiError::shape(op, "experts", format!("{} is outside 1..={MAX_EXPERTS}", self.experts)));
+        }
+        if self.top_k == 0 || self.top_k > self.experts.min(MAX_TOP_K) {
+            return Err(FfiError::shape(
+                op,
+                "top_k",
+                format!("{} is outside 1..={}", self.top_k, self.experts.min(MAX_TOP_K)),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_len<T: crate::Element>(
+    op: &'static str,
+    field: &'static str,
+    buf: &DeviceBuffer<T>,
+    need: usize,
+) -> Result<()> {
+    if buf.len() < need {
+        return Err(FfiError::shape(op, field, format!("holds {} elements, needs {need}", buf.len())));
+    }
+    Ok(())
+}
+
+fn on_cpu(stream: &Stream) -> bool {
+    stream.device().kind() == DeviceKind::Cpu
+}
+
+/// logits[t, e] = Σ_d x[t, d]·gate[e, d] in f32 (x [tokens, d], gate [experts, d] bf16; d % 8 == 0).
+pub fn router_logits(
+    stream: &Stream,
+    x: &DeviceBuffer<bf16>,
+    gate: &DeviceBuffer<bf16>,
+    logits: &mut DeviceBuffer<f32>,
+    tokens: u32,
+    experts: u32,
+    d: u32,
+) -> Result<()> {
+    const OP: &str = "router_logits";
+    if d == 0 || !d.is_multiple_of(8) {
+        return Err(FfiError::shape(OP, "d", format!("{d} must be a positive multiple of 8")));
+    }
+    let (t, e, dd) = (tokens as usize, experts as usize, d as usize);
+    check_len(OP, "x", x, t * dd)?;
+    check_len(OP, "gate", gate, e * dd)?;
+    check_len(OP, "logits", logits, t * e)?;
+    stream.check_on(OP, "x", x)?;
+    stream.check_on(OP, "gate", gate)?;
+    stream.check_on(OP, "logits", logits)?;
+    if tokens == 0 || experts == 0 {
+        return Ok(());
+    }
+    if on_cpu(stream) {
+        host::router_logits(x.host(), gate.host(), logits.host_mut(), t, e, dd);
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::router_logits(stream, x, gate, logits, tokens, experts, d);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// How [`route`] picks a token's experts.
+pub enum RouteBy<'a> {
+    /// Top-k of `sqrt(softplus(z)) + bias` (bias [experts]; `None`: zero).
+    Score { bias: Option<&'a DeviceBuffer<f32>> },
+    /// Row `token_ids[t]` of `tid2eid` [vocab, top_k] (the hash-routed layers).
+    Hash { tid2eid: &'a DeviceBuffer<i32>, token_ids: &'a DeviceBuffer<i32>, vocab: u32 },
+}
+
+/// The routing of a batch: per pair, the expert (-1 where a hash table entry or token id was out
+/// of range) and its weight; `status[0]` becomes 1 when any pair went unrouted (read it with
+/// [`Routed::unrouted`]).
+pub struct Routed {
+    pub ids: DeviceBuffer<i32>,
+    pub weights: DeviceBuffer<f32>,
+    pub status: DeviceBuffer<i32>,
+}
+
+impl Routed {
+    pub fn new(stream: &Stream, shape: MoeShape) -> Result<Routed> {
+        Ok(Routed {
+            ids: stream.zeros(shape.pairs())?,
+            weights: stream.zeros(shape.pairs())?,
+            status: stream.zeros(1)?,
+        })
+    }
+
+    /// Whether any pair since the last reset went unrouted (waits for the stream).
+    pub fn unrouted(&self, stream: &Stream) -> Result<bool> {
+        Ok(stream.download(&self.status)?[0] != 0)
+    }
+}
+
+/// Route every token (see [`RouteBy`]); weights are the chosen unbiased scores normalised to sum to
+/// one (1e-20 guard) and multiplied by `scaling`. Resets `out.status` first.
+pub fn route(
+    stream: &Stream,
+    logits: &DeviceBuffer<f32>,
+    by: &RouteBy<'_>,
+    scaling: f32,
+    shape: MoeShape,
+    out: &mut Routed,
+) -> Result<()> {
+    const OP: &str = "route";
+    shape.check(OP)?;
+    if !scaling.is_finite() {
+        return Err(FfiError::shape(OP, "scaling", format!("{scaling} is not finite")));
+    }
+    let (t, e, k) = (shape.tokens as usize, shape.experts as usize, shape.top_k as usize);
+    check_len(OP, "logits", logits, t * e)?;
+    check_len(OP, "ids", &out.ids, t * k)?;
+    check_len(OP, "weights", &out.weights, t * k)?;
+    check_len(OP, "status", &out.status, 1)?;
+    stream.check_on(OP, "logits", logits)?;
+    stream.check_on(OP, "ids", &out.ids)?;
+    stream.check_on(OP, "weights", &out.weights)?;
+    stream.check_on(OP, "status", &out.status)?;
+    match by {
+        RouteBy::Score { bias: Some(b) } => {
+            check_len(OP, "bias", b, e)?;
+            stream.check_on(OP, "bias", b)?;
+        }
+        RouteBy::Score { bias: None } => {}
+        RouteBy::Hash { tid2eid, token_ids, vocab } => {
+            check_len(OP, "tid2eid", tid2eid, *vocab as usize * k)?;
+            check_len(OP, "token_ids", token_ids, t)?;
+            stream.check_on(OP, "tid2eid", tid2eid)?;
+            stream.check_on(OP, "token_ids", token_ids)?;
+        }
+    }
+    stream.fill_zero(&mut out.status)?;
+    if on_cpu(stream) {
+        let hb = match by {
+            RouteBy::Score { bias } => host::HostRouteBy::Score { bias: bias.map(|b| b.host()) },
+            RouteBy::Hash { tid2eid, token_ids, vocab } => {
+                host::HostRouteBy::Hash { tid2eid: tid2eid.host(), token_ids: token_ids.host(), vocab: *vocab as usize }
+            }
+        };
+        let Routed { ids, weights, status } = out;
+        let bad = host::route(logits.host(), &hb, scaling, (t, e, k), ids.host_mut(), weights.host_mut());
+        status.host_mut()[0] = bad as i32;
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::route(stream, logits, by, scaling, shape, out);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// Pairs grouped by expert. `offsets` [experts + 1]: rows of expert e are offsets[e]..offsets[e+1]
+/// (in pair order); `row_pair` [pairs]: the pair of each row (rows past offsets[experts] hold 0);
+/// `pair_row` [pairs]: the row of each pair (-1 if unrouted); `chunks` [capacity × 4]: (expert,
+/// first row, rows ≤ tile, 0) in expert order, `num_chunks[0]` of them.
+pub struct MoeDispatch {
+    pub shape: MoeShape,
+    pub tile: u32,
+    pub counts: DeviceBuffer<i32>,
+    pub offsets: DeviceBuffer<i32>,
+    pub chunks: DeviceBuffer<i32>,
+    pub num_chunks: DeviceBuffer<i32>,
+    pub row_pair: DeviceBuffer<i32>,
+    pub pair_row: DeviceBuffer<i32>,
+}
+
+impl MoeDispatch {
+    /// Rows per chunk the grouped GEMM kernels take: 16 when experts average 8 rows or more, else 8.
+    pub fn tile_for(shape: MoeShape) -> u32 {
+        let pairs = shape.pairs() as u32;
+        if pairs / shape.experts.min(pairs).max(1) >= 8 {
+            16
+        } else {
+            8
+        }
+    }
+
+    /// Chunks no routing of `shape` can exceed: every expert's last chunk may be partial.
+    pub fn capacity(shape: MoeShape, tile: u32) -> u32 {
+        let pairs = shape.pairs() as u32;
+        shape.experts.min(pairs) + pairs / tile
+    }
+
+    pub fn new(stream: &Stream, shape: MoeShape) -> Result<MoeDispatch> {
+        shape.check("MoeDispatch::new")?;
+        let tile = Self::tile_for(shape);
+        let cap = Self::capacity(shape, tile) as usize;
+        let (e, pairs) = (shape.experts as usize, shape.pairs());
+        Ok(MoeDispatch {
+            shape,
+            tile,
+            counts: stream.zeros(e)?,
+            offsets: stream.zeros(e + 1)?,
+            chunks: stream.zeros(4 * cap.max(1))?,
+            num_chunks: stream.zeros(1)?,
+            row_pair: stream.zeros(pairs.max(1))?,
+            pair_row: stream.zeros(pairs.max(1))?,
+        })
+    }
+}
+
+/// Group the pairs of `ids` [pairs] (from [`route`]) by expert into `d`.
+pub fn dispatch(stream: &Stream, ids: &DeviceBuffer<i32>, d: &mut MoeDispatch) -> Result<()> {
+    const OP: &str = "dispatch";
+    d.shape.check(OP)?;
+    check_len(OP, "ids", ids, d.shape.pairs())?;
+    stream.check_on(OP, "ids", ids)?;
+    stream.check_on(OP, "dispatch", &d.row_pair)?;
+    if d.shape.tokens == 0 {
+        return Ok(());
+    }
+    if on_cpu(stream) {
+        let hd = host::HostDispatch {
+            counts: d.counts.host_mut(),
+            offsets: d.offsets.host_mut(),
+            chunks: d.chunks.host_mut(),
+            num_chunks: d.num_chunks.host_mut(),
+            row_pair: d.row_pair.host_mut(),
+            pair_row: d.pair_row.host_mut(),
+        };
+        host::dispatch(&ids.host()[..d.shape.pairs()], d.shape.experts as usize, d.tile as usize, hd);
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::dispatch(stream, ids, d);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// Where a grouped GEMM's rows of x come from.
+#[derive(Clone, Copy)]
+pub enum GroupedInput<'a> {
+    /// x [tokens, k]: row r reads token row_pair[r] / top_k (the gate and up projections).
+    Tokens(&'a DeviceBuffer<bf16>),
+    /// x [pairs, k] already in permuted row order (the down projection).
+    Rows(&'a DeviceBuffer<bf16>),
+}
+
+/// y[r, :] = W_e·x_r for every routed row r of expert e (y [pairs, n]; other rows untouched).
+/// `w` holds the experts' [n, k] matrices back to back (scales likewise, see
+/// [`WeightFormat::bytes`]); `quantize` rounds x to FP8 per 1×128 block first (k % 128 == 0).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_grouped(
+    stream: &Stream,
+    format: WeightFormat,
+    x: GroupedInput<'_>,
+    d: &MoeDispatch,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<bf16>,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> Result<()> {
+    const OP: &str = "gemm_grouped";
+    if n == 0 || k == 0 || !k.is_multiple_of(128) {
+        return Err(FfiError::shape(OP, "k", format!("n {n} and k {k} must be positive, k a multiple of 128")));
+    }
+    let (e, pairs) = (d.shape.experts as usize, d.shape.pairs());
+    let (wb, sb) = format.bytes(n as usize, k as usize);
+    let (xb, xrows) = match x {
+        GroupedInput::Tokens(b) => (b, d.shape.tokens as usize),
+        GroupedInput::Rows(b) => (b, pairs),
+    };
+    check_len(OP, "x", xb, xrows * k as usize)?;
+    check_len(OP, "w", w, e * wb)?;
+    check_len(OP, "scale", scale, e * sb)?;
+    check_len(OP, "y", y, pairs * n as usize)?;
+    stream.check_on(OP, "x", xb)?;
+    stream.check_on(OP, "w", w)?;
+    stream.check_on(OP, "scale", scale)?;
+    stream.check_on(OP, "y", y)?;
+    stream.check_on(OP, "dispatch", &d.row_pair)?;
+    if pairs == 0 {
+        return Ok(());
+    }
+    let p = GemmParams::new(pairs as u32, n, k, quantize);
+    if on_cpu(stream) {
+        let gather = match x {
+            GroupedInput::Tokens(_) => Some((d.row_pair.host(), d.shape.top_k as usize)),
+            GroupedInput::Rows(_) => None,
+        };
+        host::gemm_grouped(format, xb.host(), gather, d.offsets.host(), w.host(), scale.host(), y.host_mut(), &p);
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::gemm_grouped(stream, format, x, d, w, scale, y, &p);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// h = silu(min(g, L))·clamp(u, ±L) over [rows, inter], scaled per row by the routing weight of the
+/// row's pair when `weights` is given (the official "weight before w2"), FP8-rounded per 1×128
+/// block when `quantize` (inter % 128 == 0).
+#[allow(clippy::too_many_arguments)]
+pub fn swiglu(
+    stream: &Stream,
+    g: &DeviceBuffer<bf16>,
+    u: &DeviceBuffer<bf16>,
+    h: &mut DeviceBuffer<bf16>,
+    weights: Option<(&Routed, &MoeDispatch)>,
+    rows: u32,
+    inter: u32,
+    limit: f32,
+    quantize: bool,
+) -> Result<()> {
+    const OP: &str = "swiglu";
+    if inter == 0 || (quantize && !inter.is_multiple_of(128)) {
+        return Err(FfiError::shape(OP, "inter", format!("{inter} must be positive (a multiple of 128 to quantise)")));
+    }
+    if limit.is_nan() || limit <= 0.0 {
+        return Err(FfiError::shape(OP, "limit", format!("{limit} must be positive")));
+    }
+    let need = rows as usize * inter as usize;
+    check_len(OP, "g", g, need)?;
+    check_len(OP, "u", u, need)?;
+    check_len(OP, "h", h, need)?;
+    stream.check_on(OP, "g", g)?;
+    stream.check_on(OP, "u", u)?;
+    stream.check_on(OP, "h", h)?;
+    if let Some((r, d)) = weights {
+        check_len(OP, "weights", &r.weights, d.shape.pairs())?;
+        check_len(OP, "row_pair", &d.row_pair, rows as usize)?;
+        if rows as usize > d.shape.pairs() {
+            return Err(FfiError::shape(
+                OP,
+                "rows",
+                format!("{rows} exceeds the dispatch's {} pairs", d.shape.pairs()),
+            ));
+        }
+        stream.check_on(OP, "weights", &r.weights)?;
+        stream.check_on(OP, "row_pair", &d.row_pair)?;
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    if on_cpu(stream) {
+        let wts = weights.map(|(r, d)| (r.weights.host(), d.row_pair.host()));
+        host::swiglu(g.host(), u.host(), h.host_mut(), wts, rows as usize, inter as usize, limit, quantize);
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::swiglu(stream, g, u, h, weights, rows, inter, limit, quantize);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// out[t] = Σ over t's routed pairs in increasing expert id of y[row of the pair] (times its weight
+/// unless `pre_scaled`) plus shared[t], in f32, rounded once (y [pairs, dim], out/shared [tokens,
+/// dim], dim % 8 == 0).
+#[allow(clippy::too_many_arguments)]
+pub fn combine(
+    stream: &Stream,
+    y: &DeviceBuffer<bf16>,
+    routed: &Routed,
+    d: &MoeDispatch,
+    shared: Option<&DeviceBuffer<bf16>>,
+    out: &mut DeviceBuffer<bf16>,
+    dim: u32,
+    pre_scaled: bool,
+) -> Result<()> {
+    const OP: &str = "combine";
+    if dim == 0 || !dim.is_multiple_of(8) {
+        return Err(FfiError::shape(OP, "dim", format!("{dim} must be a positive multiple of 8")));
+    }
+    let (t, pairs) = (d.shape.tokens as usize, d.shape.pairs());
+    check_len(OP, "y", y, pairs * dim as usize)?;
+    check_len(OP, "ids", &routed.ids, pairs)?;
+    check_len(OP, "out", out, t * dim as usize)?;
+    stream.check_on(OP, "y", y)?;
+    stream.check_on(OP, "ids", &routed.ids)?;
+    stream.check_on(OP, "out", out)?;
+    if let Some(s) = shared {
+        check_len(OP, "shared", s, t * dim as usize)?;
+        stream.check_on(OP, "shared", s)?;
+    }
+    if t == 0 {
+        return Ok(());
+    }
+    if on_cpu(stream) {
+        host::combine(
+            y.host(),
+            d.pair_row.host(),
+            routed.ids.host(),
+            routed.weights.host(),
+            shared.map(|s| s.host()),
+            out.host_mut(),
+            (t, d.shape.top_k as usize, dim as usize),
+            pre_scaled,
+        );
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::combine(stream, y, routed, d, shared, out, dim, pre_scaled);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+
+    #[test]
+    fn bad_shapes_name_the_field() {
+        let s = Device::cpu().default_stream();
+        let shape = MoeShape { tokens: 2, experts: 4, top_k: 2 };
+        let logits = s.zeros::<f32>(8).unwrap();
+        let mut r = Routed::new(&s, shape).unwrap();
+        let e = |sh: MoeShape, r: &mut Routed| {
+            route(&s, &logits, &RouteBy::Score { bias: None }, 1.0, sh, r).unwrap_err().to_string()
+        };
+        assert!(e(MoeShape { top_k: 5, ..shape }, &mut r).contains("`top_k`"));
+        assert!(e(MoeShape { experts: 600, ..shape }, &mut r).contains("`experts`"));
+        assert!(e(MoeShape { tokens: 3, ..shape }, &mut r).contains("`logits`"));
+        let bias = s.zeros::<f32>(3).unwrap();
+        let err = route(&s, &logits, &RouteBy::Score { bias: Some(&bias) }, 1.0, shape, &mut r).unwrap_err();
+        assert!(err.to_string().contains("`bias`"), "{err}");
+        let err = route(&s, &logits, &RouteBy::Score { bias: None }, f32::NAN, shape, &mut r).unwrap_err();
+        assert!(err.to_string().contains("`scaling`"), "{err}");
+        let d = MoeDispatch::new(&s, shape).unwrap();
+        let x = s.zeros::<bf16>(2 * 128).unwrap();
+        let w = s.zeros::<u8>(4 * 64 * 128).unwrap();
+        let sc = s.zeros::<u8>(4 * 64 * 4).unwrap();
+        let mut y = s.zeros::<bf16>(4 * 64).unwrap();
+        let err =
+            gemm_grouped(&s, WeightFormat::Fp4Row32, GroupedInput::Tokens(&x), &d, &w, &sc, &mut y, 64, 100, false)
+                .unwrap_err();
+        assert!(err.to_string().contains("`k`"), "{err}");
+        let err =
+            gemm_grouped(&s, WeightFormat::Fp4Row32, GroupedInput::Tokens(&x), &d, &w, &sc, &mut y, 128, 128, false)
+                .unwrap_err();
+        assert!(err.to_string().contains("`scale`"), "{err}");
+        let err =
+            gemm_grouped(&s, WeightFormat::Fp4Row32, GroupedInput::Tokens(&x), &d, &w, &sc, &mut y, 256, 128, false)
+                .unwrap_err();
+        assert!(err.to_string().contains("`w`"), "{err}");
+        let g = s.zeros::<bf16>(4 * 64).unwrap();
+        let mut h = s.zeros::<bf16>(4 * 64).unwrap();
+        let err = swiglu(&s, &g, &g, &mut h, None, 4, 64, 7.0, true).unwrap_err();
+        assert!(err.to_string().contains("`inter`"), "{err}");
+        let err = swiglu(&s, &g, &g, &mut h, None, 4, 64, f32::NAN, false).unwrap_err();
+        assert!(err.to_string().contains("`limit`"), "{err}");
+    }
+
+    #[test]
+    fn hash_routing_flags_out_of_range_entries() {
+        let s = Device::cpu().default_stream();
+        let shape = MoeShape { tokens: 3, experts: 4, top_k: 2 };
+        let logits = s.upload(&[0.5f32; 12]).unwrap();
+        let table = s.upload(&[0i32, 1, 2, 3, 3, 9]).unwrap();
+        let tokens = s.upload(&[1i32, 0, 1]).unwrap();
+        let mut r = Routed::new(&s, shape).unwrap();
+        route(&s, &logits, &RouteBy::Hash { tid2eid: &table, token_ids: &tokens, vocab: 3 }, 2.0, shape, &mut r)
+            .unwrap();
+        assert!(!r.unrouted(&s).unwrap());
+        assert_eq!(s.download(&r.ids).unwrap(), vec![2, 3, 0, 1, 2, 3]);
+        assert_eq!(s.download(&r.weights).unwrap(), vec![1.0; 6]);
+        let bad = s.upload(&[2i32, 3, 7]).unwrap();
+        route(&s, &logits, &RouteBy::Hash { tid2eid: &table, token_ids: &bad, vocab: 3 }, 2.0, shape, &mut r).unwrap();
+        assert!(r.unrouted(&s).unwrap());
+        // Token 0 (id 2) keeps expert 3 of its row [3, 9]; ids 3 and 7 are past the table.
+        assert_eq!(s.download(&r.ids).unwrap(), vec![3, -1, -1, -1, -1, -1]);
+        assert_eq!(s.download(&r.weights).unwrap(), vec![2.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    }
+}

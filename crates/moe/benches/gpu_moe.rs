@@ -1,0 +1,119 @@
+//! One MoE sublayer at V4-Flash shapes on the GPU (issue #7): 256 routed experts with FP4 weights,
+//! top-6, a shared expert with FP8 weights, hidden 4096, intermediate 2048; 1, 64 and 4,096 tokens.
+//! Prints a table and, with DEEPINFER_BENCH_JSON set, writes the numbers as JSON; prints that it
+//! skipped without a GPU. The PyTorch peer (transformers' DeepseekV4SparseMoeBlock, bf16) runs
+//! from `benches/peers/moe_layer_torch.py` in the same visit.
+//!
+//! Floor = the larger of (weight bytes of the experts the batch touches + shared + router) / 4.3
+//! TB/s and the layer's FLOPs / 790 TFLOP/s (the bf16 matrix-unit rate measured on this H200
+//! kind; Hopper has no FP4 matrix units, so expanded FP4 weights run at the bf16 rate).
+//! Method: several different inputs rotate (different experts each call, so weights come from
+//! HBM), warm-up, then CUDA events around batches of forwards, median of the batches.
+
+use deepinfer_kernels_ffi::ops::WeightFormat;
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
+use deepinfer_kernels_ffi::Stream;
+use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
+use half::bf16;
+
+const BYTES_PER_S: f64 = 4.3e12;
+const BF16_FLOP_PER_S: f64 = 790e12;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_json::Value {
+    let (d, i, e, k) = (w.dim as usize, w.inter as usize, w.experts() as usize, w.top_k as usize);
+    let inputs = (64 / tokens.min(64)).clamp(2, 32) as usize;
+    let xs: Vec<_> = (0..inputs)
+        .map(|_| {
+            let x: Vec<bf16> = rng.vec(tokens as usize * d).into_iter().map(|v| bf16::from_f32(2.0 * v)).collect();
+            s.upload(&x).unwrap()
+        })
+        .collect();
+    let mut ws = MoeWorkspace::new(s, w, tokens).unwrap();
+    let mut out = s.zeros::<bf16>(tokens as usize * d).unwrap();
+    // Distinct experts each input touches (for the byte floor).
+    let mut touched = Vec::new();
+    for x in &xs {
+        forward(s, w, x, None, &mut ws, &mut out).unwrap();
+        let ids = s.download(&ws.routed.ids).unwrap();
+        let mut seen = vec![false; e];
+        ids.iter().filter(|v| **v >= 0).for_each(|v| seen[*v as usize] = true);
+        touched.push(seen.iter().filter(|v| **v).count() as f64);
+    }
+    let got: Vec<f32> = s.download(&out).unwrap().iter().map(|v| v.to_f32()).collect();
+    assert!(got.iter().all(|v| v.is_finite()), "MoE output not finite");
+    let active = touched.iter().sum::<f64>() / touched.len() as f64;
+    let batch = if tokens >= 1024 { 3 } else { 20 };
+    let mut times = Vec::new();
+    let mut at = 0;
+    for rep in 0..12 {
+        let a = s.record_event().unwrap();
+        for _ in 0..batch {
+            at = (at + 1) % inputs;
+            forward(s, w, &xs[at], None, &mut ws, &mut out).unwrap();
+        }
+        let b = s.record_event().unwrap();
+        if rep >= 2 {
+            times.push(a.elapsed_ms(&b).unwrap() as f64 / batch as f64);
+        }
+    }
+    let ms = median(times);
+    let bytes = w.bytes_read(active.round() as u32) as f64;
+    let flops = 2.0 * tokens as f64 * ((k + 1) as f64 * 3.0 * (d * i) as f64 + (e * d) as f64);
+    let (byte_ms, flop_ms) = (bytes / BYTES_PER_S * 1e3, flops / BF16_FLOP_PER_S * 1e3);
+    let floor_ms = byte_ms.max(flop_ms);
+    println!(
+        "moe layer tokens={tokens:<5} experts touched {active:>6.1}  {:>8.1} MB  {:>8.1} GFLOP  median {ms:>8.4} ms  floor {floor_ms:.4} ms ({})  achieved/floor {:.3}  {:.1} TFLOP/s  {:.0} GB/s",
+        bytes / 1e6,
+        flops / 1e9,
+        if byte_ms >= flop_ms { "bytes" } else { "flops" },
+        floor_ms / ms,
+        flops / (ms * 1e-3) / 1e12,
+        bytes / (ms * 1e-3) / 1e9,
+    );
+    serde_json::json!({"op": "moe_layer", "tokens": tokens, "experts": e, "top_k": k, "dim": d, "inter": i,
+        "routed_format": format!("{:?}", w.routed.format), "shared_format": "Fp8Block128", "experts_touched": active,
+        "weight_bytes": bytes, "flops": flops, "median_ms": ms, "byte_floor_ms": byte_ms, "flop_floor_ms": flop_ms,
+        "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
+        "inputs_rotated": inputs, "forwards_per_batch": batch})
+}
+
+fn main() {
+    let Some(dev) = cuda_device_or_skip("gpu_moe bench") else {
+        return;
+    };
+    let s = dev.default_stream();
+    let spec = RandomMoe {
+        dim: 4096,
+        inter: 2048,
+        experts: 256,
+        top_k: 6,
+        routed: WeightFormat::Fp4Row32,
+        shared: true,
+        hash_vocab: None,
+        seed: 0x5eed,
+    };
+    let t0 = std::time::Instant::now();
+    let w = MoeWeights::random(&s, spec).unwrap();
+    s.synchronize().unwrap();
+    println!("gpu_moe: random V4-Flash MoE weights made in {:.1} s", t0.elapsed().as_secs_f64());
+    let mut rng = SplitMix(7);
+    let results: Vec<_> = [1u32, 64, 4096].into_iter().map(|t| case(&s, &w, t, &mut rng)).collect();
+    let report = deepinfer_kernels_ffi::report::SystemReport::gather();
+    let doc = serde_json::json!({
+        "bench": "moe gpu_moe",
+        "device": report.gpus.first().map(|g| g.name.clone()).unwrap_or_default(),
+        "driver": report.driver_version.unwrap_or_else(|e| e),
+        "bytes_per_s": BYTES_PER_S,
+        "bf16_flop_per_s": BF16_FLOP_PER_S,
+        "method": "random V4-Flash MoE sublayer (FP4 routed, FP8 shared, score routing with bias); inputs rotate so each call routes differently; CUDA events around batches of forwards (20, or 3 at 4096 tokens), 2 warm-up batches, median of 10",
+        "results": results,
+    });
+    if let Some(path) = std::env::var_os("DEEPINFER_BENCH_JSON") {
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    }
+}

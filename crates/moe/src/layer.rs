@@ -1,0 +1,249 @@
+//! One MoE sublayer on a device (MODEL_V4.md §8, official numerics): router logits, score or hash
+//! routing, dispatch by expert, the routed experts as grouped GEMMs with FP8 or FP4 weights
+//! (activations FP8-rounded per 1×128 block, the routing weight applied before w2), the shared
+//! expert, and the combine in increasing expert id. Built from `deepinfer-kernels-ffi` ops, so the
+//! same code runs on the CPU reference backend and on CUDA.
+
+use deepinfer_kernels_ffi::moe::{self as ops, GroupedInput, MoeDispatch, MoeShape, RouteBy, Routed};
+use deepinfer_kernels_ffi::ops::{gemm_lowp, WeightFormat};
+use deepinfer_kernels_ffi::{DeviceBuffer, FfiError, GemmParams, Stream};
+use half::bf16;
+
+/// SwiGLU expert weights, `count` experts back to back: w1 (gate) and w3 (up) [inter, dim], w2
+/// (down) [dim, inter], each with its scales (layout of [`WeightFormat::bytes`]).
+pub struct ExpertWeights {
+    pub format: WeightFormat,
+    pub count: u32,
+    pub w1: (DeviceBuffer<u8>, DeviceBuffer<u8>),
+    pub w3: (DeviceBuffer<u8>, DeviceBuffer<u8>),
+    pub w2: (DeviceBuffer<u8>, DeviceBuffer<u8>),
+}
+
+/// Hash routing: `tid2eid` [vocab, top_k].
+pub struct HashTable {
+    pub tid2eid: DeviceBuffer<i32>,
+    pub vocab: u32,
+}
+
+/// The weights and shape of one MoE sublayer.
+pub struct MoeWeights {
+    pub dim: u32,
+    pub inter: u32,
+    pub top_k: u32,
+    pub scaling: f32,
+    pub limit: f32,
+    /// Router [experts, dim].
+    pub gate: DeviceBuffer<bf16>,
+    /// Selection bias [experts] of score-routed layers.
+    pub bias: Option<DeviceBuffer<f32>>,
+    /// The table of hash-routed layers (then `bias` is unused).
+    pub hash: Option<HashTable>,
+    pub routed: ExpertWeights,
+    pub shared: Option<ExpertWeights>,
+}
+
+impl MoeWeights {
+    pub fn experts(&self) -> u32 {
+        self.routed.count
+    }
+
+    /// Weight and scale bytes one forward reads if it touches `active` routed experts.
+    pub fn bytes_read(&self, active: u32) -> u64 {
+        let per = |e: &ExpertWeights| {
+            let (a, b) = e.format.bytes(self.inter as usize, self.dim as usize);
+            3 * (a + b) as u64
+        };
+        let shared = self.shared.as_ref().map_or(0, per);
+        active as u64 * per(&self.routed) + shared + self.experts() as u64 * self.dim as u64 * 2
+    }
+}
+
+/// Scratch buffers of a forward over `tokens` tokens (public so tests can compare every stage):
+/// gate and up projections `g`, `u` and the activation `h` [pairs, inter], routed outputs `y`
+/// [pairs, dim] in permuted row order, and the shared expert's stages [tokens, ...].
+pub struct MoeWorkspace {
+    pub tokens: u32,
+    pub logits: DeviceBuffer<f32>,
+    pub routed: Routed,
+    pub dispatch: MoeDispatch,
+    pub g: DeviceBuffer<bf16>,
+    pub u: DeviceBuffer<bf16>,
+    pub h: DeviceBuffer<bf16>,
+    pub y: DeviceBuffer<bf16>,
+    pub shared_g: DeviceBuffer<bf16>,
+    pub shared_u: DeviceBuffer<bf16>,
+    pub shared_h: DeviceBuffer<bf16>,
+    pub shared_y: DeviceBuffer<bf16>,
+}
+
+impl MoeWorkspace {
+    pub fn new(stream: &Stream, w: &MoeWeights, tokens: u32) -> Result<MoeWorkspace, FfiError> {
+        let shape = MoeShape { tokens, experts: w.experts(), top_k: w.top_k };
+        let (t, pairs, d, i) = (tokens as usize, shape.pairs(), w.dim as usize, w.inter as usize);
+        let sh = |n: usize| if w.shared.is_some() { n } else { 0 };
+        Ok(MoeWorkspace {
+            tokens,
+            logits: stream.zeros(t * w.experts() as usize)?,
+            routed: Routed::new(stream, shape)?,
+            dispatch: MoeDispatch::new(stream, shape)?,
+            g: stream.zeros(pairs * i)?,
+            u: stream.zeros(pairs * i)?,
+            h: stream.zeros(pairs * i)?,
+            y: stream.zeros(pairs * d)?,
+            shared_g: stream.zeros(sh(t * i))?,
+            shared_u: stream.zeros(sh(t * i))?,
+            shared_h: stream.zeros(sh(t * i))?,
+            shared_y: stream.zeros(sh(t * d))?,
+        })
+    }
+}
+
+/// out [tokens, dim] = the MoE sublayer of x [tokens, dim] (the normalised hidden state; the
+/// workspace's token count). `token_ids` [tokens] are required by hash-routed layers. Pairs a
+/// hash table could not route are reported by `ws.routed.unrouted`.
+pub fn forward(
+    stream: &Stream,
+    w: &MoeWeights,
+    x: &DeviceBuffer<bf16>,
+    token_ids: Option<&DeviceBuffer<i32>>,
+    ws: &mut MoeWorkspace,
+    out: &mut DeviceBuffer<bf16>,
+) -> Result<(), FfiError> {
+    let (t, e, d, i) = (ws.tokens, w.experts(), w.dim, w.inter);
+    let shape = MoeShape { tokens: t, experts: e, top_k: w.top_k };
+    if ws.dispatch.shape != shape {
+        return Err(FfiError::Shape {
+            op: "moe forward",
+            field: "ws",
+            detail: format!("the workspace was made for {:?}, the layer needs {shape:?}", ws.dispatch.shape),
+        });
+    }
+    ops::router_logits(stream, x, &w.gate, &mut ws.logits, t, e, d)?;
+    let by = match (&w.hash, token_ids) {
+        (Some(h), Some(ids)) => RouteBy::Hash { tid2eid: &h.tid2eid, token_ids: ids, vocab: h.vocab },
+        (Some(_), None) => {
+            return Err(FfiError::Shape {
+                op: "moe forward",
+                field: "token_ids",
+                detail: "a hash-routed layer needs the token ids".into(),
+            })
+        }
+        (None, _) => RouteBy::Score { bias: w.bias.as_ref() },
+    };
+    ops::route(stream, &ws.logits, &by, w.scaling, shape, &mut ws.routed)?;
+    ops::dispatch(stream, &ws.routed.ids, &mut ws.dispatch)?;
+    let r = &w.routed;
+    let pairs = shape.pairs() as u32;
+    let xin = GroupedInput::Tokens(x);
+    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w1.0, &r.w1.1, &mut ws.g, i, d, true)?;
+    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w3.0, &r.w3.1, &mut ws.u, i, d, true)?;
+    ops::swiglu(stream, &ws.g, &ws.u, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, i, w.limit, true)?;
+    // h is already on the FP8 grid of its 1×128 blocks: rounding it again would change nothing.
+    let hin = GroupedInput::Rows(&ws.h);
+    ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, false)?;
+    if let Some(sh) = &w.shared {
+        gemm_lowp(stream, sh.format, x, &sh.w1.0, &sh.w1.1, &mut ws.shared_g, &GemmParams::new(t, i, d, true))?;
+        gemm_lowp(stream, sh.format, x, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &GemmParams::new(t, i, d, true))?;
+        ops::swiglu(stream, &ws.shared_g, &ws.shared_u, &mut ws.shared_h, None, t, i, w.limit, true)?;
+        gemm_lowp(
+            stream,
+            sh.format,
+            &ws.shared_h,
+            &sh.w2.0,
+            &sh.w2.1,
+            &mut ws.shared_y,
+            &GemmParams::new(t, d, i, false),
+        )?;
+    }
+    let shared = w.shared.as_ref().map(|_| &ws.shared_y);
+    ops::combine(stream, &ws.y, &ws.routed, &ws.dispatch, shared, out, d, true)
+}
+
+/// The shape of a random MoE sublayer for tests and benchmarks ([`MoeWeights::random`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RandomMoe {
+    pub dim: u32,
+    pub inter: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    pub routed: WeightFormat,
+    /// A shared expert with FP8 weights.
+    pub shared: bool,
+    /// Hash routing over this many token ids instead of score routing.
+    pub hash_vocab: Option<u32>,
+    pub seed: u64,
+}
+
+impl MoeWeights {
+    /// Random weights of the given shape, scaled so activations stay near unit size: FP8/FP4 codes
+    /// uniform over the finite values, power-of-two scales around 1/sqrt(k) over the code's spread.
+    pub fn random(stream: &Stream, spec: RandomMoe) -> Result<MoeWeights, FfiError> {
+        use deepinfer_kernels_ffi::quant::random_e4m3;
+        use deepinfer_kernels_ffi::testing::SplitMix;
+        let mut rng = SplitMix(spec.seed);
+        let (d, i) = (spec.dim as usize, spec.inter as usize);
+        let matrix = |format: WeightFormat, count: usize, n: usize, k: usize, rng: &mut SplitMix| {
+            let (wb, sb) = format.bytes(n, k);
+            let mut w = vec![0u8; count * wb];
+            match format {
+                WeightFormat::Fp8Block128 => w.iter_mut().for_each(|b| *b = random_e4m3(rng.next_u64())),
+                WeightFormat::Fp4Row32 => {
+                    for c in w.chunks_mut(8) {
+                        let r = rng.next_u64().to_le_bytes();
+                        c.copy_from_slice(&r[..c.len()]);
+                    }
+                }
+            }
+            // 2^e with e about -log2(sqrt(k) * typical |code|) (e4m3 codes reach 448, e2m1 6).
+            let base: i32 =
+                127 - (k as f32).sqrt().log2().round() as i32 - if format == WeightFormat::Fp4Row32 { 1 } else { 6 };
+            let s: Vec<u8> = (0..count * sb).map(|_| (base - (rng.next_u64() % 2) as i32) as u8).collect();
+            Ok::<_, FfiError>((stream.upload(&w)?, stream.upload(&s)?))
+        };
+        let experts = |format: WeightFormat, count: usize, rng: &mut SplitMix| {
+            Ok::<_, FfiError>(ExpertWeights {
+                format,
+                count: count as u32,
+                w1: matrix(format, count, i, d, rng)?,
+                w3: matrix(format, count, i, d, rng)?,
+                w2: matrix(format, count, d, i, rng)?,
+            })
+        };
+        let routed = experts(spec.routed, spec.experts as usize, &mut rng)?;
+        let shared = if spec.shared { Some(experts(WeightFormat::Fp8Block128, 1, &mut rng)?) } else { None };
+        let gate: Vec<bf16> =
+            (0..spec.experts as usize * d).map(|_| bf16::from_f32(rng.uniform() * 2.0 / (d as f32).sqrt())).collect();
+        let bias: Vec<f32> = (0..spec.experts).map(|_| 0.1 * rng.uniform()).collect();
+        let hash = match spec.hash_vocab {
+            Some(vocab) => {
+                let k = spec.top_k as usize;
+                let mut table = Vec::with_capacity(vocab as usize * k);
+                for _ in 0..vocab {
+                    // k distinct experts per token id.
+                    let mut row: Vec<i32> = Vec::with_capacity(k);
+                    while row.len() < k {
+                        let e = (rng.next_u64() % spec.experts as u64) as i32;
+                        if !row.contains(&e) {
+                            row.push(e);
+                        }
+                    }
+                    table.extend(row);
+                }
+                Some(HashTable { tid2eid: stream.upload(&table)?, vocab })
+            }
+            None => None,
+        };
+        Ok(MoeWeights {
+            dim: spec.dim,
+            inter: spec.inter,
+            top_k: spec.top_k,
+            scaling: 1.5,
+            limit: 10.0,
+            gate: stream.upload(&gate)?,
+            bias: Some(stream.upload(&bias)?),
+            hash,
+            routed,
+            shared,
+        })
+    }
+}

@@ -1,0 +1,171 @@
+//! The MoE sublayer on the CUDA backend against the CPU backend, stage by stage, on fresh random
+//! weights and inputs every run (the seed is printed; `DEEPINFER_TEST_SEED` reproduces a run).
+//! Skipped, with a message, where there is no GPU; run on the H200 from the GPU bundle.
+//!
+//! Tolerances (relative error ‖gpu − cpu‖ / ‖cpu‖):
+//! * router logits: the same f32 products of bf16 inputs summed in another order: 1e-5.
+//! * routing: the CPU's logits go to both routers, so experts must match exactly and weights to
+//!   1e-5 (expf/log1pf against Rust's exp/ln_1p: a few ulp).
+//! * dispatch: integers, exact.
+//! * gate/up/down GEMMs: fp32 sums in another order, rounded once to bf16: 4e-3 (as the dense GEMMs).
+//! * SwiGLU and the layer output: a bf16 ulp of difference in g or u can move a value across an
+//!   FP8 rounding boundary of the hidden activation (an e4m3 step is 1/8 relative), which happens
+//!   to a few elements per thousand; 2e-2 bounds that with room.
+
+use deepinfer_kernels_ffi::moe::{self as mops, MoeShape, RouteBy};
+use deepinfer_kernels_ffi::ops::WeightFormat;
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
+use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
+use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
+use half::bf16;
+
+fn f32s<T: Element>(s: &Stream, b: &DeviceBuffer<T>, n: usize) -> Vec<f32> {
+    s.download_range(b, 0, n).unwrap().iter().map(|v| v.to_f32()).collect()
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let (rel, max) = rel_err(got, want);
+    println!("parity moe {what}: rel_err={rel:.3e} max_abs={max:.3e} (tol {tol:.0e})");
+    assert!(rel < tol, "{what}: rel_err {rel:e} >= {tol:e}");
+}
+
+/// Rows of a [rows, width] permuted buffer that hold routed pairs (the rest is scratch).
+fn routed_rows(v: &[f32], rows: usize, width: usize) -> &[f32] {
+    &v[..rows * width]
+}
+
+fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
+    let cpu = deepinfer_kernels_ffi::Device::cpu().default_stream();
+    let wc = MoeWeights::random(&cpu, spec).unwrap();
+    let wg = MoeWeights::random(gpu, spec).unwrap();
+    let (d, i) = (spec.dim as usize, spec.inter as usize);
+    let x: Vec<bf16> = rng.vec(tokens as usize * d).into_iter().map(|v| bf16::from_f32(2.0 * v)).collect();
+    let vocab = spec.hash_vocab.unwrap_or(1000);
+    // One id past the table when hashing: that token's pairs go unrouted on both sides.
+    let ids: Vec<i32> =
+        (0..tokens).map(|t| if t == 1 { vocab as i32 } else { (rng.next_u64() % vocab as u64) as i32 }).collect();
+    let run = |s: &Stream, w: &MoeWeights| {
+        let xb = s.upload(&x).unwrap();
+        let ib = s.upload(&ids).unwrap();
+        let mut ws = MoeWorkspace::new(s, w, tokens).unwrap();
+        let mut out = s.upload(&vec![bf16::from_f32(f32::NAN); tokens as usize * d]).unwrap();
+        forward(s, w, &xb, Some(&ib), &mut ws, &mut out).unwrap();
+        (ws, out)
+    };
+    let (wsc, outc) = run(&cpu, &wc);
+    let (wsg, outg) = run(gpu, &wg);
+    let shape = MoeShape { tokens, experts: spec.experts, top_k: spec.top_k };
+    let (t, e, k, pairs) = (tokens as usize, spec.experts as usize, spec.top_k as usize, shape.pairs());
+    let tag = format!(
+        "{:?} tokens={tokens} experts={e} top_k={k} dim={d} inter={i} {}",
+        spec.routed,
+        if spec.hash_vocab.is_some() { "hash" } else { "score" }
+    );
+    let logits_c = f32s(&cpu, &wsc.logits, t * e);
+    close(&format!("router_logits {tag}"), &f32s(gpu, &wsg.logits, t * e), &logits_c, 1e-5);
+    // Routing from identical logits.
+    let lg = gpu.upload(&logits_c).unwrap();
+    let mut r = mops::Routed::new(gpu, shape).unwrap();
+    let by = match &wg.hash {
+        Some(h) => RouteBy::Hash { tid2eid: &h.tid2eid, token_ids: &gpu.upload(&ids).unwrap(), vocab: h.vocab },
+        None => RouteBy::Score { bias: wg.bias.as_ref() },
+    };
+    mops::route(gpu, &lg, &by, wg.scaling, shape, &mut r).unwrap();
+    let ids_c = cpu.download(&wsc.routed.ids).unwrap();
+    assert_eq!(gpu.download(&r.ids).unwrap(), ids_c, "routing {tag}: experts differ");
+    close(
+        &format!("route weights {tag}"),
+        &f32s(gpu, &r.weights, pairs),
+        &f32s(&cpu, &wsc.routed.weights, pairs),
+        1e-5,
+    );
+    assert_eq!(r.unrouted(gpu).unwrap(), wsc.routed.unrouted(&cpu).unwrap(), "unrouted flag {tag}");
+    // Everything downstream is compared only where the layer's own routing agreed.
+    let ids_g = gpu.download(&wsg.routed.ids).unwrap();
+    if ids_g != ids_c {
+        let diff = ids_g.iter().zip(&ids_c).filter(|(a, b)| a != b).count();
+        panic!(
+            "{tag}: the layer's routing differs in {diff} of {pairs} pairs (logits differ within 1e-5 but cross a tie)"
+        );
+    }
+    let dc = &wsc.dispatch;
+    let dg = &wsg.dispatch;
+    for (name, a, b) in [
+        ("offsets", &dc.offsets, &dg.offsets),
+        ("row_pair", &dc.row_pair, &dg.row_pair),
+        ("pair_row", &dc.pair_row, &dg.pair_row),
+        ("num_chunks", &dc.num_chunks, &dg.num_chunks),
+    ] {
+        assert_eq!(gpu.download(b).unwrap(), cpu.download(a).unwrap(), "dispatch {name} {tag}");
+    }
+    let nch = cpu.download(&dc.num_chunks).unwrap()[0] as usize;
+    assert_eq!(
+        gpu.download_range(&dg.chunks, 0, 4 * nch).unwrap(),
+        cpu.download_range(&dc.chunks, 0, 4 * nch).unwrap(),
+        "dispatch chunks {tag}"
+    );
+    let rows = cpu.download(&dc.offsets).unwrap()[e] as usize;
+    for (name, a, b, w, tol) in [
+        ("gate GEMM", &wsc.g, &wsg.g, i, 4e-3),
+        ("up GEMM", &wsc.u, &wsg.u, i, 4e-3),
+        ("swiglu", &wsc.h, &wsg.h, i, 2e-2),
+        ("down GEMM", &wsc.y, &wsg.y, d, 2e-2),
+    ] {
+        let (gv, cv) = (f32s(gpu, b, pairs * w), f32s(&cpu, a, pairs * w));
+        close(&format!("{name} {tag}"), routed_rows(&gv, rows, w), routed_rows(&cv, rows, w), tol);
+    }
+    if spec.shared {
+        close(
+            &format!("shared up GEMM (m={t}) {tag}"),
+            &f32s(gpu, &wsg.shared_u, t * i),
+            &f32s(&cpu, &wsc.shared_u, t * i),
+            4e-3,
+        );
+        close(
+            &format!("shared expert {tag}"),
+            &f32s(gpu, &wsg.shared_y, t * d),
+            &f32s(&cpu, &wsc.shared_y, t * d),
+            2e-2,
+        );
+    }
+    let out_g = f32s(gpu, &outg, t * d);
+    assert!(out_g.iter().all(|v| v.is_finite()), "{tag}: output has unwritten (NaN) elements");
+    close(&format!("layer output {tag}"), &out_g, &f32s(&cpu, &outc, t * d), 2e-2);
+    // Deterministic: a second run gives the same bits.
+    let (_, outg2) = run(gpu, &wg);
+    assert_eq!(gpu.download(&outg2).unwrap(), gpu.download(&outg).unwrap(), "{tag}: two GPU runs differ");
+}
+
+#[test]
+fn gpu_moe_layer_matches_cpu() {
+    let Some(dev) = cuda_device_or_skip("gpu_moe_layer_matches_cpu") else {
+        return;
+    };
+    let s = dev.default_stream();
+    let seed = fresh_seed();
+    println!("gpu_moe_layer_matches_cpu: seed {seed}");
+    let mut rng = SplitMix(seed);
+    // (tokens, experts, top_k, dim, inter, format, shared, hash)
+    let cases = [
+        (1u32, 16u32, 2u32, 256u32, 256u32, WeightFormat::Fp4Row32, true, false),
+        (5, 64, 6, 384, 256, WeightFormat::Fp4Row32, true, false),
+        (37, 256, 6, 256, 384, WeightFormat::Fp4Row32, true, false),
+        (300, 32, 4, 256, 256, WeightFormat::Fp4Row32, true, false),
+        (64, 64, 6, 512, 256, WeightFormat::Fp8Block128, false, false),
+        (23, 64, 6, 256, 256, WeightFormat::Fp4Row32, true, true),
+        (130, 8, 8, 128, 128, WeightFormat::Fp8Block128, true, true),
+    ];
+    for (tokens, experts, top_k, dim, inter, routed, shared, hash) in cases {
+        let spec = RandomMoe {
+            dim,
+            inter,
+            experts,
+            top_k,
+            routed,
+            shared,
+            hash_vocab: hash.then_some(97),
+            seed: rng.next_u64(),
+        };
+        check_layer(&s, spec, tokens, &mut rng);
+    }
+}

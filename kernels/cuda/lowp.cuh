@@ -1,0 +1,40 @@
+// Low-precision number helpers shared by the GEMM and MoE kernels: ue8m0 scales, e4m3 and e2m1
+// decoding, and the official FP8 activation rounding (1x128 blocks, power-of-two scales).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float e8m0(uint8_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 23); }
+
+__device__ __forceinline__ float2 e4m3x2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+
+__device__ __forceinline__ float e2m1(uint32_t c) {
+    const uint32_t e = (c >> 1) & 3u, m = c & 1u, s = (c >> 3) & 1u;
+    const uint32_t bits = e ? (((e + 126u) << 23) | (m << 22)) : (m ? 0x3F000000u : 0u);
+    return __uint_as_float(bits | (s << 31));
+}
+
+// The power-of-two scale 2^ceil(log2(amax / 448)), computed exactly (frexp, no log2 rounding).
+__device__ __forceinline__ float pow2_scale(float amax) {
+    int e;
+    const float f = frexpf(fmaxf(amax, 1e-4f) / 448.f, &e);
+    return ldexpf(1.f, f == 0.5f ? e - 1 : e);
+}
+
+// v rounded to e4m3 at scale s and back (exact in bf16).
+__device__ __forceinline__ float fp8_round(float v, float s) {
+    const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, __NV_E4M3);
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))) * s;
+}
+
+// Maximum of v over the warp.
+__device__ __forceinline__ float warp_max(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}

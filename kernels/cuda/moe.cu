@@ -1,0 +1,352 @@
+// The MoE sublayer's routing, dispatch, activation and combine on the device (MODEL_V4.md §8);
+// the expert GEMMs are the grouped tensor-core GEMMs of gemm.cu.
+//
+// Pipeline for N tokens, E experts, top-k:
+//   di_moe_router_logits  f32 logits [N, E] = x · gate^T (bf16 in, fp32 sums)
+//   di_moe_route          top-k experts and weights per token (score or hash routing)
+//   di_moe_count          tokens per expert (one block per expert, no atomics)
+//   di_moe_plan           expert offsets, and the list of row chunks the grouped GEMM runs
+//   di_moe_place          permuted rows grouped by expert, in pair order (stable, deterministic)
+//   grouped GEMMs (gate, up), di_moe_swiglu, grouped GEMM (down)
+//   di_moe_combine        per token: the routed rows in increasing expert id, plus the shared expert
+// A (token, slot) pair is index t * top_k + slot; a permuted row holds one pair.
+#include <stdint.h>
+
+#include "lowp.cuh"
+
+namespace {
+
+constexpr int ROUTE_MAX_PER_LANE = 16;  // experts <= 512
+constexpr int LOGIT_TOKENS = 16;        // tokens per block of the router GEMM
+constexpr int LOGIT_KT = 1024;          // k per shared-memory tile of the router GEMM
+
+__device__ __forceinline__ float sqrt_softplus(float z) {
+    // torch's softplus threshold: linear above 20.
+    return sqrtf(z > 20.f ? z : log1pf(expf(z)));
+}
+
+__device__ __forceinline__ float silu(float v) { return v * (1.f / (1.f + expf(-v))); }
+
+}  // namespace
+
+// logits[t, e] = sum_d x[t, d] * w[e, d]: a warp per expert row, LOGIT_TOKENS tokens a block.
+// d % 8 == 0.
+extern "C" __global__ void __launch_bounds__(256) di_moe_router_logits(const __nv_bfloat16* __restrict__ x,
+                                                                       const __nv_bfloat16* __restrict__ w,
+                                                                       float* __restrict__ logits, uint32_t tokens,
+                                                                       uint32_t experts, uint32_t d) {
+    __shared__ __align__(16) __nv_bfloat16 xs[LOGIT_TOKENS * LOGIT_KT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t e = blockIdx.x * 8 + warp, t0 = blockIdx.y * LOGIT_TOKENS;
+    const uint32_t nt = min(static_cast<uint32_t>(LOGIT_TOKENS), tokens - t0);
+    float acc[LOGIT_TOKENS];
+    #pragma unroll
+    for (int m = 0; m < LOGIT_TOKENS; ++m) acc[m] = 0.f;
+    for (uint32_t k0 = 0; k0 < d; k0 += LOGIT_KT) {
+        const uint32_t kt = min(static_cast<uint32_t>(LOGIT_KT), d - k0), per_row = kt / 8;
+        __syncthreads();
+        for (uint32_t i = threadIdx.x; i < LOGIT_TOKENS * per_row; i += blockDim.x) {
+            const uint32_t m = i / per_row, v = i % per_row;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (m < nt) val = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(t0 + m) * d + k0 + v * 8);
+            *reinterpret_cast<uint4*>(xs + m * LOGIT_KT + v * 8) = val;
+        }
+        __syncthreads();
+        if (e >= experts) continue;
+        for (uint32_t v = lane; v < per_row; v += 32) {
+            const uint4 wv = __ldg(reinterpret_cast<const uint4*>(w + static_cast<size_t>(e) * d + k0 + v * 8));
+            const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
+            #pragma unroll
+            for (int m = 0; m < LOGIT_TOKENS; ++m) {
+                const uint4 xv = *reinterpret_cast<const uint4*>(xs + m * LOGIT_KT + v * 8);
+                const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
+                float s = acc[m];
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    s = fmaf(__uint_as_float(ww[j] << 16), __uint_as_float(xx[j] << 16), s);
+                    s = fmaf(__uint_as_float(ww[j] & 0xffff0000u), __uint_as_float(xx[j] & 0xffff0000u), s);
+                }
+                acc[m] = s;
+            }
+        }
+    }
+    if (e >= experts) return;
+    #pragma unroll
+    for (int m = 0; m < LOGIT_TOKENS; ++m) {
+        float v = acc[m];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && static_cast<uint32_t>(m) < nt) logits[static_cast<size_t>(t0 + m) * experts + e] = v;
+    }
+}
+
+// One warp per token. Scores s = sqrt(softplus(z)). Score routing (tid2eid null): the top_k of
+// s + bias (bias may be null: zero), largest first, ties to the lower expert, NaN below everything.
+// Hash routing: the experts of row token_ids[t] of tid2eid [vocab, top_k]. Weights: the chosen
+// unbiased scores over their sum (+1e-20, summed in choice order) times `scaling`. An out-of-range
+// token id or table entry gives expert -1 and weight 0 for that slot and sets *status to 1.
+// experts <= 32 * ROUTE_MAX_PER_LANE, top_k <= 32.
+extern "C" __global__ void __launch_bounds__(256) di_moe_route(const float* __restrict__ logits,
+                                                               const float* __restrict__ bias,
+                                                               const int32_t* __restrict__ tid2eid,
+                                                               const int32_t* __restrict__ token_ids,
+                                                               int32_t* __restrict__ topk_ids, float* __restrict__ topk_w,
+                                                               int32_t* __restrict__ status, uint32_t tokens,
+                                                               uint32_t experts, uint32_t top_k, uint32_t vocab,
+                                                               float scaling) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (t >= tokens) return;
+    const float* z = logits + static_cast<size_t>(t) * experts;
+    float score[ROUTE_MAX_PER_LANE], key[ROUTE_MAX_PER_LANE];
+    #pragma unroll
+    for (int j = 0; j < ROUTE_MAX_PER_LANE; ++j) {
+        const uint32_t e = lane + 32 * j;
+        score[j] = e < experts ? sqrt_softplus(z[e]) : 0.f;
+        const float b = (e < experts && bias) ? bias[e] : 0.f;
+        const float kv = score[j] + b;
+        key[j] = (e >= experts || isnan(kv)) ? -INFINITY : kv;
+    }
+    // The chosen experts (lane i < top_k holds choice i) and their scores.
+    int32_t mine = -1;
+    float mine_score = 0.f;
+    if (tid2eid) {
+        const uint32_t id = static_cast<uint32_t>(token_ids[t]);
+        for (uint32_t i = 0; i < top_k; ++i) {
+            int32_t e = id < vocab ? tid2eid[static_cast<size_t>(id) * top_k + i] : -1;
+            if (e < 0 || static_cast<uint32_t>(e) >= experts) e = -1;
+            // The score of expert e lives on lane e % 32, slot e / 32.
+            float se = 0.f;
+            #pragma unroll
+            for (int j = 0; j < ROUTE_MAX_PER_LANE; ++j) se = (e >= 0 && e / 32 == j) ? score[j] : se;
+            se = __shfl_sync(0xffffffffu, se, e >= 0 ? e % 32 : 0);
+            if (lane == static_cast<int>(i)) {
+                mine = e;
+                mine_score = e >= 0 ? se : 0.f;
+            }
+        }
+    } else {
+        uint32_t taken = 0;
+        for (uint32_t i = 0; i < top_k; ++i) {
+            float bk = -INFINITY;
+            uint32_t be = 0xffffffffu, bj = 0;
+            #pragma unroll
+            for (int j = 0; j < ROUTE_MAX_PER_LANE; ++j) {
+                const uint32_t e = lane + 32 * j;
+                if (e < experts && !(taken >> j & 1u) && (key[j] > bk || (key[j] == bk && e < be))) {
+                    bk = key[j];
+                    be = e;
+                    bj = j;
+                }
+            }
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
+                const uint32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
+                if (ok > bk || (ok == bk && oe < be)) {
+                    bk = ok;
+                    be = oe;
+                }
+            }
+            if (be % 32 == static_cast<uint32_t>(lane)) taken |= 1u << bj;
+            float se = 0.f;
+            #pragma unroll
+            for (int j = 0; j < ROUTE_MAX_PER_LANE; ++j) se = (be / 32 == static_cast<uint32_t>(j)) ? score[j] : se;
+            se = __shfl_sync(0xffffffffu, se, be % 32);
+            if (lane == static_cast<int>(i)) {
+                mine = static_cast<int32_t>(be);
+                mine_score = se;
+            }
+        }
+    }
+    // Sum in choice order (as the reference does), then normalise.
+    float sum = 0.f;
+    for (uint32_t i = 0; i < top_k; ++i) sum += __shfl_sync(0xffffffffu, mine_score, i);
+    if (static_cast<uint32_t>(lane) < top_k) {
+        topk_ids[static_cast<size_t>(t) * top_k + lane] = mine;
+        topk_w[static_cast<size_t>(t) * top_k + lane] = mine >= 0 ? mine_score / (sum + 1e-20f) * scaling : 0.f;
+        if (mine < 0) atomicExch(status, 1);
+    }
+}
+
+// counts[e] = number of pairs routed to expert e (block e; __syncthreads_count, no atomics).
+extern "C" __global__ void __launch_bounds__(256) di_moe_count(const int32_t* __restrict__ ids, uint32_t pairs,
+                                                               int32_t* __restrict__ counts) {
+    const int32_t e = static_cast<int32_t>(blockIdx.x);
+    int32_t total = 0;
+    for (uint32_t base = 0; base < pairs; base += blockDim.x) {
+        const uint32_t i = base + threadIdx.x;
+        total += __syncthreads_count(i < pairs && ids[i] == e);
+    }
+    if (threadIdx.x == 0) counts[e] = total;
+}
+
+// One block of 1024 threads, experts <= 1024: offsets[e] = rows before expert e (offsets[E] = all
+// routed rows), and chunks = (expert, first row, rows <= tile) covering every expert's rows in
+// expert order; *num_chunks is their number. chunk_cap bounds the list (the launcher sizes it to
+// min(E, pairs) + pairs / tile, which no routing can exceed).
+extern "C" __global__ void __launch_bounds__(1024) di_moe_plan(const int32_t* __restrict__ counts, uint32_t experts,
+                                                               uint32_t tile, int32_t* __restrict__ offsets,
+                                                               int4* __restrict__ chunks,
+                                                               int32_t* __restrict__ num_chunks, uint32_t chunk_cap) {
+    __shared__ int32_t rows[1024], nch[1024];
+    const uint32_t e = threadIdx.x;
+    const int32_t cnt = e < experts ? counts[e] : 0;
+    rows[e] = cnt;
+    nch[e] = (cnt + static_cast<int32_t>(tile) - 1) / static_cast<int32_t>(tile);
+    __syncthreads();
+    // Inclusive scans (Hillis-Steele).
+    for (uint32_t o = 1; o < 1024; o <<= 1) {
+        const int32_t a = e >= o ? rows[e - o] : 0, b = e >= o ? nch[e - o] : 0;
+        __syncthreads();
+        rows[e] += a;
+        nch[e] += b;
+        __syncthreads();
+    }
+    if (e >= experts) return;
+    const int32_t row0 = rows[e] - cnt, c0 = nch[e] - (cnt + static_cast<int32_t>(tile) - 1) / static_cast<int32_t>(tile);
+    offsets[e] = row0;
+    if (e + 1 == experts) {
+        offsets[experts] = rows[e];
+        *num_chunks = min(nch[e], static_cast<int32_t>(chunk_cap));
+    }
+    for (int32_t r = 0, c = c0; r < cnt && c < static_cast<int32_t>(chunk_cap); r += static_cast<int32_t>(tile), ++c) {
+        chunks[c] = make_int4(static_cast<int32_t>(e), row0 + r, min(static_cast<int32_t>(tile), cnt - r), 0);
+    }
+}
+
+// Block e writes expert e's rows: row_pair[offsets[e] + j] = the j-th pair (in pair order) routed
+// to e, and pair_row[pair] = its row. Block 0 also marks unrouted pairs (expert -1) with pair_row
+// -1 and points the rows past the routed ones at pair 0 (so later kernels read valid indices).
+extern "C" __global__ void __launch_bounds__(256) di_moe_place(const int32_t* __restrict__ ids, uint32_t pairs,
+                                                               uint32_t experts, const int32_t* __restrict__ offsets,
+                                                               int32_t* __restrict__ row_pair,
+                                                               int32_t* __restrict__ pair_row) {
+    __shared__ int32_t warp_sum[8];
+    const int32_t e = static_cast<int32_t>(blockIdx.x);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (e == 0) {
+        for (uint32_t r = static_cast<uint32_t>(offsets[experts]) + threadIdx.x; r < pairs; r += blockDim.x) row_pair[r] = 0;
+    }
+    int32_t next = offsets[e];
+    for (uint32_t base = 0; base < pairs; base += 256) {
+        const uint32_t i = base + threadIdx.x;
+        const int32_t id = i < pairs ? ids[i] : -2;
+        if (e == 0 && id == -1) pair_row[i] = -1;
+        const bool hit = id == e;
+        const uint32_t ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_sum[warp] = __popc(ballot);
+        __syncthreads();
+        int32_t before = 0, all = 0;
+        #pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            before += w < warp ? warp_sum[w] : 0;
+            all += warp_sum[w];
+        }
+        if (hit) {
+            const int32_t row = next + before + __popc(ballot & ((1u << lane) - 1u));
+            row_pair[row] = static_cast<int32_t>(i);
+            pair_row[i] = row;
+        }
+        next += all;
+        __syncthreads();
+    }
+}
+
+// h[r, j] = silu(min(g, L)) * clamp(u, -L, L), times weights[row_pair[r]] when weights is given (the
+// official "weight before w2"), then with `quantize` rounded to FP8 per 1x128 block of the row (the
+// official activation quantisation of w2's input). One warp per (row, 128 columns); inter % 128 == 0
+// when quantising.
+extern "C" __global__ void __launch_bounds__(256) di_moe_swiglu(const __nv_bfloat16* __restrict__ g,
+                                                                const __nv_bfloat16* __restrict__ u,
+                                                                __nv_bfloat16* __restrict__ h,
+                                                                const float* __restrict__ weights,
+                                                                const int32_t* __restrict__ row_pair, uint32_t rows,
+                                                                uint32_t inter, float limit, uint32_t quantize) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t blocks = (inter + 127) / 128;
+    const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (c >= rows * blocks) return;
+    const uint32_t r = c / blocks, b = c % blocks;
+    const float scale = weights ? weights[row_pair[r]] : 1.f;
+    float v[4];
+    float amax = 0.f;
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t col = b * 128 + lane * 4 + j;
+        v[j] = 0.f;
+        if (col < inter) {
+            const size_t at = static_cast<size_t>(r) * inter + col;
+            const float gv = fminf(__bfloat162float(g[at]), limit);
+            const float uv = fminf(fmaxf(__bfloat162float(u[at]), -limit), limit);
+            v[j] = silu(gv) * uv * scale;
+        }
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
+    const float s = quantize ? pow2_scale(warp_max(amax)) : 1.f;
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t col = b * 128 + lane * 4 + j;
+        if (col < inter) h[static_cast<size_t>(r) * inter + col] = __float2bfloat16_rn(quantize ? fp8_round(v[j], s) : v[j]);
+    }
+}
+
+// out[t, :] = sum over t's routed rows in increasing expert id of y[row, :] (times the pair's
+// weight unless `pre_scaled`), in fp32, plus shared[t, :] when given; rounded once to bf16.
+// A thread per (token, 8 columns); dim % 8 == 0, top_k <= 16.
+extern "C" __global__ void __launch_bounds__(256) di_moe_combine(const __nv_bfloat16* __restrict__ y,
+                                                                 const int32_t* __restrict__ pair_row,
+                                                                 const int32_t* __restrict__ topk_ids,
+                                                                 const float* __restrict__ topk_w,
+                                                                 const __nv_bfloat16* __restrict__ shared,
+                                                                 __nv_bfloat16* __restrict__ out, uint32_t tokens,
+                                                                 uint32_t top_k, uint32_t dim, uint32_t pre_scaled) {
+    const uint32_t vecs = dim / 8;
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tokens * vecs) return;
+    const uint32_t t = i / vecs, c = (i % vecs) * 8;
+    // The token's slots ordered by expert id (insertion sort; top_k is small).
+    int32_t order[16];
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < top_k; ++s) {
+        const int32_t e = topk_ids[static_cast<size_t>(t) * top_k + s];
+        if (e < 0) continue;
+        uint32_t j = n++;
+        while (j > 0 && topk_ids[static_cast<size_t>(t) * top_k + order[j - 1]] > e) {
+            order[j] = order[j - 1];
+            --j;
+        }
+        order[j] = static_cast<int32_t>(s);
+    }
+    float acc[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+    for (uint32_t o = 0; o < n; ++o) {
+        const uint32_t pair = t * top_k + static_cast<uint32_t>(order[o]);
+        const float wgt = pre_scaled ? 1.f : topk_w[pair];
+        const uint4 v = *reinterpret_cast<const uint4*>(y + static_cast<size_t>(pair_row[pair]) * dim + c);
+        const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            acc[2 * j] += __uint_as_float(vv[j] << 16) * wgt;
+            acc[2 * j + 1] += __uint_as_float(vv[j] & 0xffff0000u) * wgt;
+        }
+    }
+    if (shared) {
+        const uint4 v = *reinterpret_cast<const uint4*>(shared + static_cast<size_t>(t) * dim + c);
+        const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            acc[2 * j] += __uint_as_float(vv[j] << 16);
+            acc[2 * j + 1] += __uint_as_float(vv[j] & 0xffff0000u);
+        }
+    }
+    uint4 o;
+    uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+        ow[j] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    *reinterpret_cast<uint4*>(out + static_cast<size_t>(t) * dim + c) = o;
+}
