@@ -359,6 +359,231 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const int32_t* __re
 DI_GEMM_TC(8)
 DI_GEMM_TC(16)
 
+// ---------------------------------------------------------------------------------------------
+// Tiled tensor-core GEMM for many rows (prefill, and MoE experts with many tokens): a block computes
+// 128 rows of x (one job, as in gemm_tc) against 128 outputs. Each 64-wide k step stages x (bf16)
+// and W, expanded to bf16 with its scale folded in (exact), in shared memory (two stages), so every
+// weight is read from memory once per 128 rows; the next step's global loads are in flight while
+// the warps run mma.sync m16n8k16 from ldmatrix fragments (8 warps as 2 x 4, a 64 x 32 tile each).
+// k % 128 == 0; no split over k; x is already activation-quantised when the GEMM asks for it
+// (the launcher runs di_quantize_fp8_rows first).
+namespace {
+
+constexpr int TBK = 64;
+constexpr int TLD = TBK + 8;  // shared row stride in bf16: 144 bytes, so ldmatrix rows hit distinct banks
+// Dynamic shared memory of a tiled kernel with BM x rows and BN outputs: two stages of x and W
+// tiles (the launcher raises the function's limit past the 48 KB default). Must equal
+// tile_smem_bytes in crates/kernels-ffi/src/cuda/launch.rs.
+template <int BM, int BN> constexpr int tile_smem_bytes() { return 2 * (BM + BN) * TLD * 2; }
+static_assert(tile_smem_bytes<128, 128>() == 73728 && tile_smem_bytes<64, 256>() == 92160, "launch.rs tile_smem_bytes");
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// Eight e2m1 codes (low nibble first) -> four bf16x2 words times a power-of-two scale (exact): the
+// magnitudes through a byte-permute table of their bf16 bytes, the sign bits moved to bit 15.
+__device__ __forceinline__ void fp4x8_to_bf16(uint32_t w, __nv_bfloat162 scale, uint32_t* out) {
+    const uint32_t m = w & 0x77777777u;
+    // bf16 of {0, 0.5, 1, 1.5, 2, 3, 4, 6}: low bytes 00 00 80 C0 00 40 80 C0, high 00 3F 3F 3F 40 40 40 40.
+    const uint32_t l0 = __byte_perm(0xC0800000u, 0xC0804000u, m);
+    const uint32_t h0 = __byte_perm(0x3F3F3F00u, 0x40404040u, m);
+    const uint32_t l1 = __byte_perm(0xC0800000u, 0xC0804000u, m >> 16);
+    const uint32_t h1 = __byte_perm(0x3F3F3F00u, 0x40404040u, m >> 16);
+    const uint32_t v[4] = {__byte_perm(l0, h0, 0x5140), __byte_perm(l0, h0, 0x7362), __byte_perm(l1, h1, 0x5140),
+                           __byte_perm(l1, h1, 0x7362)};
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t t = w >> (8 * j);
+        const uint32_t bits = v[j] | ((t << 12) & 0x8000u) | ((t << 24) & 0x80000000u);
+        __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+        b = __hmul2(b, scale);
+        out[j] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+}
+
+// BM x BN block tile: 8 warps as (BM / 64) x (BN / 32), a 64 x 32 tile each. 128 x 128 for dense
+// GEMMs; 64 x 256 for MoE experts, whose ~100-row groups waste less of a 64-row tile.
+template <bool FP4, int BM, int BN>
+__device__ void gemm_tile(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ gather, uint32_t gather_div,
+                          const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
+                          __nv_bfloat16* __restrict__ y, DiGemmParams p, const int4* __restrict__ chunks,
+                          const int32_t* __restrict__ num_chunks, uint64_t w_stride, uint64_t s_stride) {
+    static_assert(BM % 64 == 0 && BN % 128 == 0 && (BM / 64) * (BN / 32) == 8, "8 warps of 64 x 32");
+    constexpr int WN = BN / 32;                 // warps along n
+    constexpr int XV = BM / 32;                 // 16-byte x vectors per thread per k step
+    constexpr int WV = FP4 ? BN / 128 : BN / 64;  // 16-byte weight vectors per thread per k step
+    // Two stages of (x tile, W tile) in dynamic shared memory (TILE_SMEM_BYTES, set by the launcher).
+    extern __shared__ __align__(16) unsigned char tile_smem[];
+    __nv_bfloat16* const stage0 = reinterpret_cast<__nv_bfloat16*>(tile_smem);
+    Rows rows{gather, gather_div, blockIdx.z * BM, min(static_cast<uint32_t>(BM), p.m - min(p.m, blockIdx.z * BM))};
+    if (chunks) {
+        if (static_cast<int32_t>(blockIdx.z) >= *num_chunks) return;
+        const int4 c = chunks[blockIdx.z];
+        w += static_cast<uint64_t>(c.x) * w_stride;
+        scale += static_cast<uint64_t>(c.x) * s_stride;
+        rows.row0 = static_cast<uint32_t>(c.y);
+        rows.m = static_cast<uint32_t>(c.z);
+    }
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp % WN;
+    const uint32_t n0 = blockIdx.x * BN;
+    const size_t row_bytes = FP4 ? p.k / 2 : p.k;
+    const uint32_t kb = p.k / 128;
+    // This thread's x rows (32 apart) and 16-byte column, and its weight rows.
+    const __nv_bfloat16* xrow[XV];
+    #pragma unroll
+    for (int i = 0; i < XV; ++i) {
+        const uint32_t r = tid / 8 + 32 * i;
+        xrow[i] = r < rows.m ? x + static_cast<size_t>(rows.src(r)) * p.k + (tid % 8) * 8 : nullptr;
+    }
+    uint32_t wrow[WV], wcol[WV];
+    #pragma unroll
+    for (int i = 0; i < WV; ++i) {
+        wrow[i] = FP4 ? tid / 2 + 128 * i : tid / 4 + 64 * i;
+        wcol[i] = FP4 ? (tid % 2) * 32 : (tid % 4) * 16;  // k offset within the step
+    }
+    uint4 xr[XV], wr[WV];
+    float sc[WV];
+    auto fetch = [&](uint32_t k0) {
+        #pragma unroll
+        for (int i = 0; i < XV; ++i) xr[i] = xrow[i] ? *reinterpret_cast<const uint4*>(xrow[i] + k0) : make_uint4(0, 0, 0, 0);
+        #pragma unroll
+        for (int i = 0; i < WV; ++i) {
+            const uint32_t n = n0 + wrow[i];
+            const uint32_t kk = k0 + wcol[i];
+            if (n < p.n) {
+                wr[i] = __ldg(reinterpret_cast<const uint4*>(w + n * row_bytes + (FP4 ? kk / 2 : kk)));
+                sc[i] = FP4 ? e8m0(scale[static_cast<size_t>(n) * (p.k / 32) + kk / 32])
+                            : e8m0(scale[static_cast<size_t>(n / 128) * kb + kk / 128]);
+            } else {
+                wr[i] = make_uint4(0, 0, 0, 0);
+                sc[i] = 0.f;
+            }
+        }
+    };
+    float acc[4][4][4];
+    #pragma unroll
+    for (int a = 0; a < 4; ++a)
+        #pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0.f;
+    // Registers -> shared memory stage `st` (weights expanded to bf16).
+    auto store = [&](int st) {
+        __nv_bfloat16* xs = stage0 + st * (BM + BN) * TLD;
+        __nv_bfloat16* ws = xs + BM * TLD;
+        #pragma unroll
+        for (int i = 0; i < XV; ++i)
+            *reinterpret_cast<uint4*>(xs + (tid / 8 + 32 * i) * TLD + (tid % 8) * 8) = xr[i];
+        #pragma unroll
+        for (int i = 0; i < WV; ++i) {
+            uint32_t o[FP4 ? 16 : 8];
+            const uint32_t words[4] = {wr[i].x, wr[i].y, wr[i].z, wr[i].w};
+            if constexpr (FP4) {
+                const __nv_bfloat162 s2 = __floats2bfloat162_rn(sc[i], sc[i]);
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) fp4x8_to_bf16(words[j], s2, o + 4 * j);
+            } else {
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 a = e4m3x2(words[j]), b = e4m3x2(words[j] >> 16);
+                    o[2 * j] = pack_bf16(a.x * sc[i], a.y * sc[i]);
+                    o[2 * j + 1] = pack_bf16(b.x * sc[i], b.y * sc[i]);
+                }
+            }
+            uint4* dst = reinterpret_cast<uint4*>(ws + wrow[i] * TLD + wcol[i]);
+            #pragma unroll
+            for (int j = 0; j < (FP4 ? 4 : 2); ++j) dst[j] = make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        }
+    };
+    // Double buffering: step s computes from stage s % 2 while its warps expand step s + 1 into
+    // the other stage (last read in step s - 1, before the barrier that ended it): one barrier a step.
+    fetch(0);
+    store(0);
+    __syncthreads();
+    int st = 0;
+    for (uint32_t k0 = 0; k0 < p.k; k0 += TBK, st ^= 1) {
+        const bool more = k0 + TBK < p.k;
+        if (more) fetch(k0 + TBK);
+        const __nv_bfloat16* xs = stage0 + st * (BM + BN) * TLD;
+        const __nv_bfloat16* ws = xs + BM * TLD;
+        #pragma unroll
+        for (int kk = 0; kk < TBK; kk += 16) {
+            uint32_t a[4][4], b[2][4];
+            #pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+                ldmatrix_x4(a[mi], xs + (wm * 64 + mi * 16 + (lane % 16)) * TLD + kk + (lane / 16) * 8);
+            #pragma unroll
+            for (int nj = 0; nj < 2; ++nj)
+                ldmatrix_x4(b[nj], ws + (wn * 32 + nj * 16 + (lane / 16) * 8 + (lane % 8)) * TLD + kk + ((lane / 8) % 2) * 8);
+            #pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+                #pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+                    mma_bf16(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+        }
+        if (more) store(st ^ 1);
+        __syncthreads();
+    }
+    // acc[mi][ni]: rows wm*64 + mi*16 + g (+8), outputs wn*32 + ni*8 + 2q + {0, 1}.
+    const int g = lane >> 2, q = lane & 3;
+    #pragma unroll
+    for (int mi = 0; mi < 4; ++mi) {
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t r = wm * 64 + mi * 16 + g + 8 * h;
+            if (r >= rows.m) continue;
+            __nv_bfloat16* yr = y + static_cast<size_t>(rows.row0 + r) * p.n;
+            #pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const uint32_t n = n0 + wn * 32 + ni * 8 + 2 * q;
+                if (n < p.n) yr[n] = __float2bfloat16_rn(acc[mi][ni][2 * h]);
+                if (n + 1 < p.n) yr[n + 1] = __float2bfloat16_rn(acc[mi][ni][2 * h + 1]);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define DI_GEMM_TILE(NAME, BM, BN)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8_##NAME(                                \
+        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
+        __nv_bfloat16* y, float* /*partial*/, DiGemmParams p, uint32_t /*split_k*/, const int4* chunks,     \
+        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
+        gemm_tile<false, BM, BN>(x, gather, gather_div, w, s, y, p, chunks, num_chunks, w_stride, s_stride); \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp4_##NAME(                                \
+        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
+        __nv_bfloat16* y, float* /*partial*/, DiGemmParams p, uint32_t /*split_k*/, const int4* chunks,     \
+        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
+        gemm_tile<true, BM, BN>(x, gather, gather_div, w, s, y, p, chunks, num_chunks, w_stride, s_stride);  \
+    }
+
+DI_GEMM_TILE(tile128, 128, 128)
+DI_GEMM_TILE(tile64, 64, 256)
+
+// out[r, :] = x[r, :] rounded to e4m3 per 1x128 block with a power-of-two scale (the official
+// activation quantisation, exact in bf16), so GEMM blocks need not each redo it. A warp per
+// (row, 128 columns); k % 128 == 0.
+extern "C" __global__ void __launch_bounds__(256) di_quantize_fp8_rows(const __nv_bfloat16* __restrict__ x,
+                                                                      __nv_bfloat16* __restrict__ out, uint32_t rows,
+                                                                      uint32_t k) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t blocks = k / 128;
+    const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (c >= rows * blocks) return;
+    const size_t at = static_cast<size_t>(c / blocks) * k + (c % blocks) * 128 + lane * 4;
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
+    const float v[4] = {bf_lo(raw.x), bf_hi(raw.x), bf_lo(raw.y), bf_hi(raw.y)};
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+    const float s = pow2_scale(amax);
+    const uint2 o = make_uint2(pack_bf16(fp8_round(v[0], s), fp8_round(v[1], s)), pack_bf16(fp8_round(v[2], s), fp8_round(v[3], s)));
+    *reinterpret_cast<uint2*>(out + at) = o;
+}
+
 // y[m, n] = sum over splits of partial[split][m][n], in split order, rounded once to bf16.
 extern "C" __global__ void di_gemm_splitk_reduce(const float* __restrict__ partial, __nv_bfloat16* __restrict__ y,
                                                  uint32_t mn, uint32_t splits) {

@@ -203,13 +203,16 @@ pub struct MoeDispatch {
 }
 
 impl MoeDispatch {
-    /// Rows per chunk the grouped GEMM kernels take: 16 when experts average 8 rows or more, else 8.
+    /// Rows per chunk the grouped GEMM kernels take, from the rows experts average: 128 (the tiled
+    /// kernel, weights staged once per 128 rows) from 32, 16 from 8, else 8 (the decode kernel).
+    /// On the H200 at V4-Flash shapes (4096 tokens, ~96 rows an expert) 64-row tiles (`tile64`,
+    /// less padding) measured no faster (benches/results/2026-11-30-moe-layer).
     pub fn tile_for(shape: MoeShape) -> u32 {
         let pairs = shape.pairs() as u32;
-        if pairs / shape.experts.min(pairs).max(1) >= 8 {
-            16
-        } else {
-            8
+        match pairs / shape.experts.min(pairs).max(1) {
+            0..=7 => 8,
+            8..=31 => 16,
+            _ => 128,
         }
     }
 
@@ -220,8 +223,16 @@ impl MoeDispatch {
     }
 
     pub fn new(stream: &Stream, shape: MoeShape) -> Result<MoeDispatch> {
+        Self::with_tile(stream, shape, Self::tile_for(shape))
+    }
+
+    /// A dispatch with chunks of `tile` rows (8 or 16: decode kernel; 64 or 128: tiled kernel)
+    /// instead of [`MoeDispatch::tile_for`]'s choice (for benchmarks and tests).
+    pub fn with_tile(stream: &Stream, shape: MoeShape, tile: u32) -> Result<MoeDispatch> {
         shape.check("MoeDispatch::new")?;
-        let tile = Self::tile_for(shape);
+        if ![8, 16, 64, 128].contains(&tile) {
+            return Err(FfiError::shape("MoeDispatch::new", "tile", format!("{tile} is not 8, 16, 64 or 128")));
+        }
         let cap = Self::capacity(shape, tile) as usize;
         let (e, pairs) = (shape.experts as usize, shape.pairs());
         Ok(MoeDispatch {

@@ -189,7 +189,7 @@ fn gpu_gemm_lowp_matches_cpu() {
         // FP4 with activation quantisation needs k a multiple of 128 (tensor cores at any m);
         // m > 16 runs the tensor-core kernel over several 16-row jobs.
         let units: &[usize] = if f == ops::WeightFormat::Fp4Row32 && q { &[128] } else { &[32, 128] };
-        let cases = [1u32, 2, 3, 5, 8, 11, 16, 17, 100].into_iter().flat_map(|m| {
+        let cases = [1u32, 2, 3, 5, 8, 11, 16, 17, 100, 300].into_iter().flat_map(|m| {
             units.iter().filter(move |u| m <= 16 || **u == 128).flat_map(move |u| [(m, *u, false), (m, *u, true)])
         });
         let cases = cases.filter(|(_, unit, wide)| !*wide || *unit == 128);

@@ -10,8 +10,10 @@
 //! Method: several different inputs rotate (different experts each call, so weights come from
 //! HBM), warm-up, then CUDA events around batches of forwards, median of the batches.
 
-use deepinfer_kernels_ffi::ops::WeightFormat;
+use deepinfer_kernels_ffi::moe::{self as mops, GroupedInput, RouteBy};
+use deepinfer_kernels_ffi::ops::{gemm_lowp, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
+use deepinfer_kernels_ffi::GemmParams;
 use deepinfer_kernels_ffi::Stream;
 use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
 use half::bf16;
@@ -62,6 +64,110 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         }
     }
     let ms = median(times);
+    // Where the time goes: each stage alone on the last input's routing (same workspace).
+    let x = &xs[at];
+    let stage = |f: &mut dyn FnMut()| {
+        let mut t = Vec::new();
+        for _ in 0..7 {
+            let a = s.record_event().unwrap();
+            f();
+            let b = s.record_event().unwrap();
+            t.push(a.elapsed_ms(&b).unwrap() as f64);
+        }
+        median(t)
+    };
+    let (r, sh) = (&w.routed, w.shared.as_ref().unwrap());
+    let pairs = tokens * w.top_k;
+    let mut stages = serde_json::Map::new();
+    stages.insert(
+        "router_logits".into(),
+        stage(&mut || mops::router_logits(s, x, &w.gate, &mut ws.logits, tokens, e as u32, d as u32).unwrap()).into(),
+    );
+    stages.insert(
+        "route_and_dispatch".into(),
+        stage(&mut || {
+            let by = RouteBy::Score { bias: w.bias.as_ref() };
+            mops::route(s, &ws.logits, &by, w.scaling, ws.dispatch.shape, &mut ws.routed).unwrap();
+            mops::dispatch(s, &ws.routed.ids, &mut ws.dispatch).unwrap();
+        })
+        .into(),
+    );
+    for (name, tile) in
+        [("routed_gate_gemm", ws.dispatch.tile), ("routed_gate_gemm_tile128", 128), ("routed_gate_gemm_tile64", 64)]
+    {
+        if tokens < 1024 && tile >= 64 && name != "routed_gate_gemm" {
+            continue;
+        }
+        let mut dsp = mops::MoeDispatch::with_tile(s, ws.dispatch.shape, tile).unwrap();
+        mops::dispatch(s, &ws.routed.ids, &mut dsp).unwrap();
+        let t = stage(&mut || {
+            mops::gemm_grouped(
+                s,
+                r.format,
+                GroupedInput::Tokens(x),
+                &dsp,
+                &r.w1.0,
+                &r.w1.1,
+                &mut ws.g,
+                w.inter,
+                w.dim,
+                true,
+            )
+            .unwrap()
+        });
+        stages.insert(name.to_string(), t.into());
+    }
+    stages.insert(
+        "swiglu".into(),
+        stage(&mut || {
+            mops::swiglu(s, &ws.g, &ws.u, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, w.inter, w.limit, true)
+                .unwrap()
+        })
+        .into(),
+    );
+    stages.insert(
+        "routed_down_gemm".into(),
+        stage(&mut || {
+            mops::gemm_grouped(
+                s,
+                r.format,
+                GroupedInput::Rows(&ws.h),
+                &ws.dispatch,
+                &r.w2.0,
+                &r.w2.1,
+                &mut ws.y,
+                w.dim,
+                w.inter,
+                false,
+            )
+            .unwrap()
+        })
+        .into(),
+    );
+    stages.insert(
+        "shared_gate_gemm".into(),
+        stage(&mut || {
+            gemm_lowp(
+                s,
+                sh.format,
+                x,
+                &sh.w1.0,
+                &sh.w1.1,
+                &mut ws.shared_g,
+                &GemmParams::new(tokens, w.inter, w.dim, true),
+            )
+            .unwrap()
+        })
+        .into(),
+    );
+    stages.insert(
+        "combine".into(),
+        stage(&mut || {
+            mops::combine(s, &ws.y, &ws.routed, &ws.dispatch, Some(&ws.shared_y), &mut out, w.dim, true).unwrap()
+        })
+        .into(),
+    );
+    println!("  stages (ms, each alone): {}", serde_json::Value::Object(stages.clone()));
     let bytes = w.bytes_read(active.round() as u32) as f64;
     let flops = 2.0 * tokens as f64 * ((k + 1) as f64 * 3.0 * (d * i) as f64 + (e * d) as f64);
     let (byte_ms, flop_ms) = (bytes / BYTES_PER_S * 1e3, flops / BF16_FLOP_PER_S * 1e3);
@@ -79,7 +185,7 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         "routed_format": format!("{:?}", w.routed.format), "shared_format": "Fp8Block128", "experts_touched": active,
         "weight_bytes": bytes, "flops": flops, "median_ms": ms, "byte_floor_ms": byte_ms, "flop_floor_ms": flop_ms,
         "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
-        "inputs_rotated": inputs, "forwards_per_batch": batch})
+        "inputs_rotated": inputs, "forwards_per_batch": batch, "stages_ms": stages})
 }
 
 fn main() {

@@ -128,6 +128,35 @@ fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
             2e-2,
         );
     }
+    // The tiled kernel's other block shape (64 rows x 256 outputs) gives the same bits as the
+    // default 128 x 128: rows are summed in the same k order whatever the tile.
+    if dg.tile >= 64 {
+        let mut d64 = mops::MoeDispatch::with_tile(gpu, shape, 64).unwrap();
+        mops::dispatch(gpu, &wsg.routed.ids, &mut d64).unwrap();
+        let xb = gpu.upload(&x).unwrap();
+        let mut g64 = gpu.zeros::<bf16>(pairs * i).unwrap();
+        let r = &wg.routed;
+        mops::gemm_grouped(
+            gpu,
+            r.format,
+            mops::GroupedInput::Tokens(&xb),
+            &d64,
+            &r.w1.0,
+            &r.w1.1,
+            &mut g64,
+            spec.inter,
+            spec.dim,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            gpu.download_range(&g64, 0, rows * i).unwrap(),
+            gpu.download_range(&wsg.g, 0, rows * i).unwrap(),
+            "{tag}: tile64 and tile{} gate GEMMs differ",
+            dg.tile
+        );
+        println!("parity moe gate GEMM tile64 == tile{} {tag}: identical", dg.tile);
+    }
     let out_g = f32s(gpu, &outg, t * d);
     assert!(out_g.iter().all(|v| v.is_finite()), "{tag}: output has unwritten (NaN) elements");
     close(&format!("layer output {tag}"), &out_g, &f32s(&cpu, &outc, t * d), 2e-2);

@@ -112,6 +112,13 @@ pub(crate) fn gemm_tc_split(n: u32, k: u32, jobs: u32) -> (u32, u32) {
     (k.div_ceil(split_k), split_k)
 }
 
+/// Whether a dense low-precision GEMM runs on the tensor-core kernels (`gemm_tc_launch`): from 2
+/// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128.
+pub(crate) fn uses_tensor_cores(format: crate::ops::WeightFormat, m: u32, k: u32, quantize: bool) -> bool {
+    let fp4_quant = quantize && format == crate::ops::WeightFormat::Fp4Row32;
+    (m >= 2 || fp4_quant) && k.is_multiple_of(128)
+}
+
 /// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: the
 /// tensor-core kernel (16 outputs a warp, 8 warps, k split across blocks for narrow outputs) from 2
 /// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128, else the
@@ -121,12 +128,46 @@ pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, k: u32,
         crate::ops::WeightFormat::Fp8Block128 => "fp8",
         crate::ops::WeightFormat::Fp4Row32 => "fp4",
     };
-    let fp4_quant = quantize && format == crate::ops::WeightFormat::Fp4Row32;
-    if (m >= 2 || fp4_quant) && k.is_multiple_of(128) {
-        return (format!("di_gemm_{f}_tc_m{}", if m <= 8 { 8 } else { 16 }), 128);
+    if uses_tensor_cores(format, m, k, quantize) {
+        return (format!("di_gemm_{f}_{}", tc_kernel_suffix(dense_tile(m))), 128);
     }
     let tile = [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap_or(16);
     (format!("di_gemm_{f}_m{tile}"), 8)
+}
+
+/// Outputs (rows of W) one block of a tiled kernel covers: 128 for `tile128` (128 x rows), 256 for
+/// `tile64` (64 x rows, the MoE experts' kernel).
+fn tile_outputs(tile: u32) -> u32 {
+    if tile == 64 {
+        256
+    } else {
+        128
+    }
+}
+
+/// Dynamic shared memory of a tiled kernel (tile_smem_bytes in gemm.cu: two stages of x and W
+/// tiles, 64 k wide plus 8 of padding, in bf16).
+fn tile_smem_bytes(tile: u32) -> u32 {
+    2 * (tile + tile_outputs(tile)) * (64 + 8) * 2
+}
+
+/// Rows per job of a dense tensor-core GEMM: the decode kernel's 8 or 16 up to 32 rows, then the
+/// tiled kernel's 128 (weights staged once per 128 rows).
+pub(crate) fn dense_tile(m: u32) -> u32 {
+    match m {
+        0..=8 => 8,
+        9..=32 => 16,
+        _ => 128,
+    }
+}
+
+/// Kernel name suffix for a job tile: `tc_m8`, `tc_m16` (decode kernel) or `tile64`, `tile128`.
+fn tc_kernel_suffix(tile: u32) -> String {
+    if tile >= 64 {
+        format!("tile{tile}")
+    } else {
+        format!("tc_m{tile}")
+    }
 }
 
 /// Which rows of x a tensor-core GEMM launch multiplies.
@@ -166,7 +207,7 @@ pub(crate) fn gemm_tc_launch(
     };
     let (tile, grid_z, live_jobs) = match &jobs {
         TcJobs::Dense => {
-            let tile = if p.m <= 8 { 8 } else { 16 };
+            let tile = dense_tile(p.m);
             (tile, p.m.div_ceil(tile), p.m.div_ceil(tile))
         }
         TcJobs::Grouped { tile, capacity, active, .. } => (*tile, *capacity, *active),
@@ -174,11 +215,42 @@ pub(crate) fn gemm_tc_launch(
     if grid_z > 65535 {
         return Err(crate::FfiError::shape("gemm", "m", format!("{} rows need more than 65535 row blocks", p.m)));
     }
-    let func = backend(stream).function("gemm", &format!("di_gemm_{f}_tc_m{tile}"))?;
+    let func = backend(stream).function("gemm", &format!("di_gemm_{f}_{}", tc_kernel_suffix(tile)))?;
     let s = stream.cuda_stream("gemm", "x")?;
-    let (splits, split_k) = gemm_tc_split(p.n, p.k, live_jobs);
-    let cfg =
-        LaunchConfig { grid_dim: (p.n.div_ceil(128), splits, grid_z), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // Activation quantisation once, into a copy, where many blocks would redo it (the tiled kernel
+    // requires it; grouped GEMMs re-read every token's row); dense decode kernels round x in each
+    // block, which costs less than a second launch for a few rows.
+    let tiled = tile >= 64;
+    let prequantize = p.quantize_x != 0 && (tiled || matches!(jobs, TcJobs::Grouped { .. }));
+    let quantized = if prequantize {
+        let rows = (x.len() / p.k as usize) as u32;
+        // SAFETY: uninitialised; di_quantize_fp8_rows writes every element of rows * k.
+        let mut q = unsafe { s.alloc::<half::bf16>(rows as usize * p.k as usize) }?;
+        let qf = backend(stream).function("gemm", "di_quantize_fp8_rows")?;
+        let warps = rows as u64 * (p.k / 128) as u64;
+        let blocks = u32::try_from(warps.div_ceil(8))
+            .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
+        let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: di_quantize_fp8_rows takes (x, out, rows, k); x holds rows * k bf16 (rows = its
+        // length / k), q the same; k % 128 == 0.
+        unsafe { s.launch_builder(&qf).arg(x.cuda()).arg(&mut q).arg(&rows).arg(&p.k).launch(qc) }?;
+        Some(q)
+    } else {
+        None
+    };
+    let p = &crate::params::GemmParams { quantize_x: if prequantize { 0 } else { p.quantize_x }, ..*p };
+    let (splits, split_k) = if tiled { (1, p.k) } else { gemm_tc_split(p.n, p.k, live_jobs) };
+    let smem = if tiled {
+        func.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            tile_smem_bytes(tile) as i32,
+        )?;
+        tile_smem_bytes(tile)
+    } else {
+        0
+    };
+    let grid_x = p.n.div_ceil(if tiled { tile_outputs(tile) } else { 128 });
+    let cfg = LaunchConfig { grid_dim: (grid_x, splits, grid_z), block_dim: (256, 1, 1), shared_mem_bytes: smem };
     let mn = p.m as u64 * p.n as u64;
     let none: u64 = 0;
     // SAFETY: uninitialised memory; every element of a live row is written by exactly one block
@@ -188,7 +260,10 @@ pub(crate) fn gemm_tc_launch(
     let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * mn) as usize) }?) } else { None };
     let div = gather.map_or(1, |(_, d)| d);
     let mut b = s.launch_builder(&func);
-    b.arg(x.cuda());
+    match quantized.as_ref() {
+        Some(q) => b.arg(q),
+        None => b.arg(x.cuda()),
+    };
     match gather {
         Some((g, _)) => b.arg(g.cuda()),
         None => b.arg(&none),
@@ -210,8 +285,9 @@ pub(crate) fn gemm_tc_launch(
             b.arg(chunks.cuda()).arg(num_chunks.cuda()).arg(&ws).arg(&ss);
         }
     }
-    // SAFETY: di_gemm_{fp8,fp4}_tc_m* take (x, gather, gather_div, w, scale, y, partial, params,
-    // split_k, chunks, num_chunks, w_stride, s_stride). The caller checked x, w (every expert's
+    // SAFETY: di_gemm_{fp8,fp4}_tc_m* and _tile128 take (x, gather, gather_div, w, scale, y,
+    // partial, params, split_k, chunks, num_chunks, w_stride, s_stride) (tile128 ignores partial
+    // and split_k and always runs one split). The caller checked x, w (every expert's
     // matrix), scale and y [p.m, n] against the format and k % 128 == 0; split_k is a multiple of
     // 128 with splits * split_k >= k; dense jobs cover rows z * tile .. min(m, z * tile + tile);
     // grouped chunks name rows < p.m, experts < the count w and scale hold, and gathered pairs < tokens * top_k.
@@ -235,10 +311,10 @@ pub(crate) fn gemm_lowp(
     y: &mut DeviceBuffer<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
-    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.k, p.quantize_x != 0);
-    if name.contains("_tc_") {
+    if uses_tensor_cores(format, p.m, p.k, p.quantize_x != 0) {
         return gemm_tc_launch(stream, format, x, None, w, scale, y, p, TcJobs::Dense);
     }
+    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.k, p.quantize_x != 0);
     let f = backend(stream).function("gemm", &name)?;
     let s = stream.cuda_stream("gemm_lowp", "x")?;
     // The CUDA-core kernel: 8 warps a block (WARPS in gemm.cu), a row each.
@@ -292,6 +368,25 @@ pub(crate) fn gemm_bf16(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel a GEMM reports is the one its launch path runs: tensor-core names (decode tiles
+    /// up to 32 rows, the tiled kernel beyond) exactly where `gemm_lowp` takes the tensor-core path.
+    #[test]
+    fn gemm_kernel_names_follow_the_launch_path() {
+        use crate::ops::WeightFormat::{Fp4Row32, Fp8Block128};
+        for f in [Fp8Block128, Fp4Row32] {
+            for m in [1u32, 2, 8, 9, 16, 17, 32, 33, 100, 4096] {
+                for k in [64u32, 128, 4096] {
+                    for q in [false, true] {
+                        let (name, _) = gemm_lowp_kernel(f, m, k, q);
+                        let tc = name.contains("_tc_m") || name.ends_with("_tile128");
+                        assert_eq!(uses_tensor_cores(f, m, k, q), tc, "{name} m={m} k={k} q={q}");
+                        assert_eq!(name.ends_with("_tile128"), tc && m > 32, "{name} m={m}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn rms_norm_picks_kernel_by_row_length_and_alignment() {
