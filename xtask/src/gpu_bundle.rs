@@ -87,7 +87,8 @@ pub fn run() -> Result<()> {
 
     workspace::step("release binary");
     cmd!(sh, "cargo build --release --locked -p deepinfer --features cuda").run()?;
-    total += copy_exe(&root.join("target/release/deepinfer"), &bundle.join("bin"), "deepinfer")?;
+    let binary = copy_exe(&root.join("target/release/deepinfer"), &bundle.join("bin"), "deepinfer")?;
+    total += binary;
 
     // `cargo bench` builds with the bench profile (release settings) and rejects --release.
     for (kind, flag, sub, profile) in
@@ -108,6 +109,16 @@ pub fn run() -> Result<()> {
     cmd!(sh, "chmod +x {script}").run()?;
     let tree = tree_bytes(&sh)?;
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    // The kernel tests and benchmarks need only their own executables; the `deepinfer` binary
+    // (run.sh's `doctor`) goes when the carry limit is tight.
+    if total + tree > LIMIT_BYTES && total - binary + tree <= LIMIT_BYTES {
+        fs::remove_dir_all(bundle.join("bin"))?;
+        total -= binary;
+        println!(
+            "gpu bundle: left out the deepinfer binary ({:.1} MiB) to stay under the 64 MiB carry limit; run.sh skips `doctor`",
+            mib(binary)
+        );
+    }
     if total + tree > LIMIT_BYTES {
         bail!(
             "the GPU bundle ({:.1} MiB) and the working tree ({:.1} MiB) are over the 64 MiB a device call carries",
@@ -151,7 +162,11 @@ export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRAR
 export NCCL_NVLS_ENABLE=0
 export DEEPINFER_REQUIRE_GPU=1
 status=0
-{ echo "# deepinfer doctor, $(date -u +%FT%TZ)"; "$here/bin/deepinfer" doctor; } 2>&1 | tee "$out/doctor.txt" || status=1
+if [ -x "$here/bin/deepinfer" ]; then
+  { echo "# deepinfer doctor, $(date -u +%FT%TZ)"; "$here/bin/deepinfer" doctor; } 2>&1 | tee "$out/doctor.txt" || status=1
+else
+  echo "# no deepinfer binary in this bundle (left out for the carry limit), $(date -u +%FT%TZ)" > "$out/doctor.txt"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >> "$out/doctor.txt" 2>&1
 for t in "$here"/tests/*; do
   [ -x "$t" ] || continue

@@ -20,6 +20,7 @@
 //! # Ok::<(), deepinfer_kernels_ffi::FfiError>(())
 //! ```
 
+pub mod attention;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;

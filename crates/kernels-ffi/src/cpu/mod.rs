@@ -3,6 +3,7 @@
 //! These functions are the numerical specification. The CUDA kernels are checked against them,
 //! and the CPU model calls them directly.
 
+pub mod attention;
 mod gemm;
 pub mod moe;
 mod norm;

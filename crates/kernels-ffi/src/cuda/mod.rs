@@ -2,6 +2,7 @@
 //! launches through cudarc, and the run-time CUDA libraries checked before use (cudarc panics on a
 //! missing library; we turn that into [`crate::FfiError::LibraryMissing`]).
 
+pub(crate) mod attention;
 mod backend;
 pub(crate) mod launch;
 pub(crate) mod libraries;

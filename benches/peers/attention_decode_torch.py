@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""PyTorch peer of `crates/kernels-ffi/benches/gpu_attention.rs`: transformers' DeepseekV4
+attention function (`eager_attention_forward` of modeling_deepseek_v4, the one
+DeepseekV4Attention calls by default: Q K^T, the sink column, softmax, P V, with the single K=V
+head repeated for 64 heads) on the same shapes in bf16: batch 64, 64 heads of 512, 640 / 192 /
+1152 / 128 keys. The keys are handed over already gathered and contiguous (the module reads them
+from its cache that way), so the peer does not pay for the gather our kernel does. Timed with CUDA
+events around batches of 20 calls, median of 20 batches after 2 warm-up batches.
+
+usage: attention_decode_torch.py OUT.json [--small]   (--small: tiny shapes on the CPU)
+"""
+import json
+import statistics
+import sys
+import time
+import types
+
+import torch
+import transformers
+from transformers.models.deepseek_v4.modeling_deepseek_v4 import eager_attention_forward
+
+
+def main():
+    out = sys.argv[1]
+    small = "--small" in sys.argv
+    device = "cpu" if small else "cuda"
+    batch, heads, d = (2, 4, 64) if small else (64, 64, 512)
+    cases = [("CSA (128 window + 512 top-k)", 640), ("HCA 8k (128 + 64)", 192), ("HCA 128k (128 + 1024)", 1152), ("sliding only (128)", 128)]
+    module = types.SimpleNamespace(sinks=torch.randn(heads, device=device, dtype=torch.bfloat16), num_key_value_groups=heads, training=False)
+    results = []
+    for what, keys in cases:
+        q = torch.randn(batch, heads, 1, d, device=device, dtype=torch.bfloat16) * 8
+        kvs = [torch.randn(batch, 1, keys, d, device=device, dtype=torch.bfloat16) for _ in range(4)]
+        times = []
+        with torch.no_grad():
+            at = 0
+            for rep in range(22):
+                if device == "cuda":
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    at = (at + 1) % len(kvs)
+                    o, _ = eager_attention_forward(module, q, kvs[at], kvs[at], None, d ** -0.5)
+                if device == "cuda":
+                    b.record()
+                    b.synchronize()
+                    ms = a.elapsed_time(b)
+                else:
+                    ms = (time.perf_counter() - t0) * 1e3
+                if rep >= 2:
+                    times.append(ms / 20)
+        ms = statistics.median(times)
+        print(f"torch attention_decode {what:<30} batch={batch} heads={heads} keys={keys:<5} median {ms:.4f} ms")
+        results.append({"case": what, "batch": batch, "heads": heads, "head_dim": d, "keys": keys, "median_ms": ms})
+    doc = {
+        "bench": "PyTorch peer: transformers DeepseekV4 eager_attention_forward (bf16)",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "results": results,
+    }
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+//! Decode attention at V4-Flash shapes on the GPU (issue #8): batch 64, 64 heads of 512, one K=V
+//! head, keys gathered from a paged pool: a CSA layer (128 window + 512 top-k rows, any context
+//! past 2k), HCA layers at 8k (128 + 64) and 128k (128 + 1024), a sliding-only layer (128). Prints
+//! a table and, with DEEPINFER_BENCH_JSON set, writes JSON; prints that it skipped without a GPU.
+//! The PyTorch peer (transformers' DeepseekV4 eager attention function) runs from
+//! `benches/peers/attention_decode_torch.py` in the same visit.
+//!
+//! Floor = KV bytes read (batch x keys x 512 x 2) + q and out, over 4.3 TB/s; the FLOPs (4 x batch x
+//! heads x keys x 512) are reported too. Method: output checked against the CPU on one sequence;
+//! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
+//! launches, median of 20 batches.
+
+use deepinfer_kernels_ffi::attention::{attention_decode, decode_splits, DecodeAttnShape};
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
+use half::bf16;
+
+const BYTES_PER_S: f64 = 4.3e12;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let Some(dev) = cuda_device_or_skip("gpu_attention bench") else { return };
+    let s = dev.default_stream();
+    let mut rng = SplitMix(0xa77);
+    let (batch, heads, d) = (64u32, 64u32, 512usize);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut results = Vec::new();
+    for (what, keys) in [
+        ("CSA (128 window + 512 top-k)", 640u32),
+        ("HCA 8k (128 + 64)", 192),
+        ("HCA 128k (128 + 1024)", 1152),
+        ("sliding only (128)", 128),
+    ] {
+        let shape = DecodeAttnShape { batch, heads, head_dim: d as u32, max_keys: keys };
+        let pool = (batch * keys) as usize * 2;
+        let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let q = b(rng.vec(batch as usize * heads as usize * d).into_iter().map(|v| v * 8.0).collect());
+        let kv = b(rng.vec(pool * d));
+        let rows: Vec<i32> = (0..batch * keys).map(|_| (rng.next_u64() % pool as u64) as i32).collect();
+        let counts = vec![keys as i32; batch as usize];
+        let sink: Vec<f32> = rng.vec(heads as usize);
+        let copies = ((256usize << 20) / (pool * d * 2)).max(2);
+        let pools: Vec<_> = (0..copies).map(|_| s.upload(&kv).unwrap()).collect();
+        let (qb, rb, cb, sb) =
+            (s.upload(&q).unwrap(), s.upload(&rows).unwrap(), s.upload(&counts).unwrap(), s.upload(&sink).unwrap());
+        let mut out = s.zeros::<bf16>(q.len()).unwrap();
+        let mut st = s.zeros::<i32>(1).unwrap();
+        attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+        // Check sequence 0 against the CPU.
+        let one = DecodeAttnShape { batch: 1, ..shape };
+        let mut want = vec![bf16::ZERO; heads as usize * d];
+        deepinfer_kernels_ffi::cpu::attention::attention_decode(
+            &q[..heads as usize * d],
+            &kv,
+            &rows[..keys as usize],
+            &counts[..1],
+            &sink,
+            &mut want,
+            one,
+            scale,
+        );
+        let got: Vec<f32> = s.download_range(&out, 0, heads as usize * d).unwrap().iter().map(|v| v.to_f32()).collect();
+        let (rel, _) = rel_err(&got, &want.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
+        assert!(rel < 1e-2, "{what}: rel_err {rel:e} against the CPU");
+        let mut i = 0;
+        let mut times = Vec::new();
+        for rep in 0..22 {
+            let a = s.record_event().unwrap();
+            for _ in 0..20 {
+                i = (i + 1) % copies;
+                attention_decode(&s, &qb, &pools[i], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+            }
+            let e = s.record_event().unwrap();
+            if rep >= 2 {
+                times.push(a.elapsed_ms(&e).unwrap() as f64 / 20.0);
+            }
+        }
+        let ms = median(times);
+        let bytes = (batch * keys) as f64 * d as f64 * 2.0 + 2.0 * q.len() as f64 * 2.0;
+        let flops = 4.0 * batch as f64 * heads as f64 * keys as f64 * d as f64;
+        let floor_ms = bytes / BYTES_PER_S * 1e3;
+        let (splits, per) = decode_splits(shape);
+        println!(
+            "attention_decode {what:<30} batch={batch} heads={heads} keys={keys:<5} splits={splits}x{per}  {:>7.1} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}  {:.0} GB/s  {:.0} TFLOP/s  rel_err {rel:.1e}",
+            bytes / 1e6,
+            floor_ms / ms,
+            bytes / (ms * 1e-3) / 1e9,
+            flops / (ms * 1e-3) / 1e12
+        );
+        results.push(
+            serde_json::json!({"op": "attention_decode", "case": what, "batch": batch, "heads": heads, "head_dim": d,
+            "keys": keys, "splits": splits, "tiles_per_split": per, "bytes": bytes, "flops": flops, "median_ms": ms,
+            "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
+            "rel_err_vs_cpu_seq0": rel}),
+        );
+        drop(pools);
+    }
+    let report = deepinfer_kernels_ffi::report::SystemReport::gather();
+    let doc = serde_json::json!({
+        "bench": "kernels-ffi gpu_attention",
+        "device": report.gpus.first().map(|g| g.name.clone()).unwrap_or_default(),
+        "driver": report.driver_version.unwrap_or_else(|e| e),
+        "bytes_per_s": BYTES_PER_S,
+        "method": "bf16 pool, random rows; pools rotate (> 256 MiB); CUDA events around batches of 20 launches, 2 warm-up batches, median of 20",
+        "results": results,
+    });
+    if let Some(path) = std::env::var_os("DEEPINFER_BENCH_JSON") {
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    }
+}

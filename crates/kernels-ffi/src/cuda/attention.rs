@@ -1,0 +1,74 @@
+//! Launch of the decode attention kernel (kernels/cuda/attention.cu); `crate::attention` validated
+//! every length, the head dimension (512) and the head count (<= 64).
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use crate::attention::{decode_splits, DecodeAttnShape};
+use crate::device::{DeviceBuffer, Stream};
+use crate::Result;
+
+use super::launch::backend;
+
+/// Dynamic shared memory of di_attn_decode (sizeof(Smem) in attention.cu): Q (64 x 520 bf16), two
+/// key tiles (64 x 520 bf16), P (64 x 72 bf16), S (64 x 65 f32), and three f32 per head: 221 KiB,
+/// one block per SM.
+const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 * 65 * 4 + 3 * 64 * 4;
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_decode(
+    stream: &Stream,
+    q: &DeviceBuffer<bf16>,
+    kv: &DeviceBuffer<bf16>,
+    key_rows: &DeviceBuffer<i32>,
+    key_counts: &DeviceBuffer<i32>,
+    sink: &DeviceBuffer<f32>,
+    out: &mut DeviceBuffer<bf16>,
+    status: &mut DeviceBuffer<i32>,
+    shape: DecodeAttnShape,
+    scale: f32,
+) -> Result<()> {
+    let s = stream.cuda_stream("attention_decode", "q")?;
+    let be = backend(stream);
+    let f = be.function("attention", "di_attn_decode")?;
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        ATTN_SMEM_BYTES as i32,
+    )?;
+    let (splits, per) = decode_splits(shape);
+    let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
+    let pool_rows = u32::try_from(kv.len() / d)
+        .map_err(|_| crate::FfiError::shape("attention_decode", "kv", "more than 2^32 rows"))?;
+    let none: u64 = 0;
+    // SAFETY: uninitialised; with several splits every (b, split, h < heads) row of both is
+    // written by its block before the combine, later on the stream, reads it.
+    let mut parts = if splits > 1 {
+        Some(unsafe { (s.alloc::<f32>(b * splits as usize * h * d)?, s.alloc::<f32>(b * splits as usize * h * 2)?) })
+    } else {
+        None
+    };
+    let cfg =
+        LaunchConfig { grid_dim: (shape.batch, splits, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTN_SMEM_BYTES };
+    let mut l = s.launch_builder(&f);
+    l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
+    match parts.as_mut() {
+        Some((o, ml)) => l.arg(o).arg(ml),
+        None => l.arg(&none).arg(&none),
+    };
+    l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
+    // SAFETY: matches di_attn_decode (q, kv, key_rows, key_counts, sink, out, o_part, ml_part,
+    // status, heads, max_keys, pool_rows, tiles_per_split, scale); the op checked q/out [batch,
+    // heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads <= 64; the
+    // kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
+    unsafe { l.launch(cfg) }?;
+    if let Some((o, ml)) = parts {
+        let c = be.function("attention", "di_attn_decode_combine")?;
+        let grid =
+            u32::try_from(b * h).map_err(|_| crate::FfiError::shape("attention_decode", "batch", "too many rows"))?;
+        let cc = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: o [batch, splits, heads, 512] and ml [batch, splits, heads, 2] were written above;
+        // out holds batch * heads * 512 (128 threads x 4 columns a row).
+        unsafe { s.launch_builder(&c).arg(&o).arg(&ml).arg(out.cuda_mut()).arg(&shape.heads).arg(&splits).launch(cc) }?;
+    }
+    Ok(())
+}

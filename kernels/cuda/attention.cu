@@ -1,0 +1,286 @@
+// Decode attention of DeepSeek-V4 (MODEL_V4.md §5, §7): per sequence one query row of H <= 64
+// heads, and one shared K=V head of dimension D = 512, over a list of key rows gathered from a
+// paged pool (the window ring and the compressed rows the layer sees: CSA's indexer top-k or all
+// of HCA's), with a learned sink logit per head in the softmax denominator.
+//
+//   s_hj = scale * q_h . k_j,   p_hj = exp(s_hj) / (sum_j' exp(s_hj') + exp(sink_h)),   o_h = sum_j p_hj k_j
+//
+// A block handles one (sequence, split of its keys) with all heads, so each key row is read from
+// memory once for every head. Keys stream through shared memory 64 at a time (cp.async, two
+// stages); S = Q K^T and O += P V run on mma.sync m16n8k16 (bf16 in, fp32 accumulate) from
+// ldmatrix fragments: for S each warp takes 16 heads x 32 keys over all of D; for O each warp owns
+// D / 8 output columns of every head. The softmax is online (running max and sum per head); the
+// sink starts each head's sum at exp(sink - m) with m = sink, as a key whose value is zero. With
+// several splits, each writes unnormalised fp32 partials and di_attn_decode_combine merges them.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int D = 512;         // head dimension (V4: the single K=V head)
+constexpr int HM = 64;         // heads a block computes (query rows; unused rows are zero)
+constexpr int KT = 64;         // keys per tile
+constexpr int LD = D + 8;      // shared row stride of Q and K tiles (bf16): 1040 bytes, conflict-free ldmatrix
+constexpr int PLD = KT + 8;    // shared row stride of P (bf16)
+constexpr int SLD = KT + 1;    // shared row stride of S (f32)
+constexpr int THREADS = 256;
+
+struct Smem {
+    __nv_bfloat16 q[HM * LD];
+    __nv_bfloat16 k[2][KT * LD];
+    __nv_bfloat16 p[HM * PLD];
+    float s[HM * SLD];
+    float m[HM], l[HM], alpha[HM];
+};
+// Must equal ATTN_SMEM_BYTES in crates/kernels-ffi/src/cuda/attention.rs (the launcher's dynamic
+// shared memory).
+static_assert(sizeof(Smem) == 226304, "attention.rs ATTN_SMEM_BYTES");
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const __nv_bfloat16* p) {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (cp.async with a source size of 0).
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+}  // namespace
+
+// q [B, heads, D] bf16; kv [pool_rows, D] bf16 (the pool); key_rows [B, max_keys] (pool rows, the
+// first key_counts[b] used); sink [heads] f32. A key row outside the pool is skipped and sets
+// *status to 1. Grid (B, splits); split s takes keys [s * tiles_per_split * KT, ...) of its
+// sequence. splits == 1: out [B, heads, D] bf16 normalised. splits > 1: o_part [B, splits, heads,
+// D] f32 (unnormalised, relative to m), ml_part [B, splits, heads, 2] (m, l), merged by
+// di_attn_decode_combine. Split 0 carries the sink; a split without keys writes m = -inf, l = 0.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    di_attn_decode(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
+                   const int32_t* __restrict__ key_rows, const int32_t* __restrict__ key_counts,
+                   const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ o_part,
+                   float* __restrict__ ml_part, int32_t* __restrict__ status, uint32_t heads, uint32_t max_keys,
+                   uint32_t pool_rows, uint32_t tiles_per_split, float scale) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t b = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
+    const uint32_t k_begin = min(count, split * tiles_per_split * KT);
+    const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
+    const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
+    // Whether key `key` of this split is used: in range and naming a pool row.
+    auto key_ok = [&](uint32_t key) {
+        if (key >= k_end) return false;
+        const int32_t r = rows[key];
+        return r >= 0 && static_cast<uint32_t>(r) < pool_rows;
+    };
+
+    // Q (rows >= heads zero), running stats.
+    for (int c = tid; c < HM * (D / 8); c += THREADS) {
+        const int h = c / (D / 8), v = c % (D / 8);
+        const bool ok = h < static_cast<int>(heads);
+        cp16(sm.q + h * LD + v * 8, q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
+    }
+    if (tid < HM) {
+        const bool with_sink = split == 0 && tid < static_cast<int>(heads);
+        sm.m[tid] = with_sink ? sink[tid] : -INFINITY;
+        sm.l[tid] = with_sink ? 1.f : 0.f;
+    }
+    auto load_tile = [&](int stage, uint32_t k0) {
+        for (int c = tid; c < KT * (D / 8); c += THREADS) {
+            const int j = c / (D / 8), v = c % (D / 8);
+            const uint32_t key = k0 + j;
+            const bool ok = key_ok(key);
+            if (v == 0 && key < k_end && !ok) atomicExch(status, 1);
+            const int32_t r = ok ? rows[key] : 0;
+            cp16(sm.k[stage] + j * LD + v * 8, kv + static_cast<size_t>(r) * D + v * 8, ok);
+        }
+        cp_commit();
+    };
+    if (k_begin < k_end) load_tile(0, k_begin);
+
+    // O accumulators: warp w owns columns [w * 64, w * 64 + 64) of every head: 4 head tiles x 8 column tiles.
+    float o[4][8][4];
+    #pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+        #pragma unroll
+        for (int ni = 0; ni < 8; ++ni) o[mi][ni][0] = o[mi][ni][1] = o[mi][ni][2] = o[mi][ni][3] = 0.f;
+    const int g = lane >> 2, qd = lane & 3;
+
+    int stage = 0;
+    for (uint32_t k0 = k_begin; k0 < k_end; k0 += KT, stage ^= 1) {
+        cp_wait_all();
+        __syncthreads();  // tile `stage` (and Q) landed; the previous tile's P and stats are consumed
+        if (k0 + KT < k_end) load_tile(stage ^ 1, k0 + KT);
+        const __nv_bfloat16* kt = sm.k[stage];
+        // S = scale * Q K^T: warp (wm, wn) computes heads 16 wm.. x keys 32 wn.. over all of D.
+        {
+            const int wm = warp & 3, wn = warp >> 2;
+            float s[4][4];
+            #pragma unroll
+            for (int ni = 0; ni < 4; ++ni) s[ni][0] = s[ni][1] = s[ni][2] = s[ni][3] = 0.f;
+            #pragma unroll 4
+            for (int kk = 0; kk < D; kk += 16) {
+                uint32_t a[4];
+                ldsm_x4(a, sm.q + (wm * 16 + (lane % 16)) * LD + kk + (lane / 16) * 8);
+                #pragma unroll
+                for (int nj = 0; nj < 2; ++nj) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, kt + (wn * 32 + nj * 16 + (lane / 16) * 8 + (lane % 8)) * LD + kk + ((lane / 8) % 2) * 8);
+                    mma(s[2 * nj], a, bb[0], bb[1]);
+                    mma(s[2 * nj + 1], a, bb[2], bb[3]);
+                }
+            }
+            #pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const int h = wm * 16 + g, j = wn * 32 + ni * 8 + 2 * qd;
+                sm.s[h * SLD + j] = s[ni][0] * scale;
+                sm.s[h * SLD + j + 1] = s[ni][1] * scale;
+                sm.s[(h + 8) * SLD + j] = s[ni][2] * scale;
+                sm.s[(h + 8) * SLD + j + 1] = s[ni][3] * scale;
+            }
+        }
+        __syncthreads();
+        // Online softmax: 4 threads a head, 16 keys each.
+        {
+            const int h = tid >> 2, j0 = (tid & 3) * (KT / 4);
+            float v[KT / 4], mx = -INFINITY;
+            #pragma unroll
+            for (int j = 0; j < KT / 4; ++j) {
+                v[j] = key_ok(k0 + j0 + j) ? sm.s[h * SLD + j0 + j] : -INFINITY;
+                mx = fmaxf(mx, v[j]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_old = sm.m[h];
+            const float m_new = fmaxf(m_old, mx);
+            // m_new = -inf only while a head has seen no key and no sink (splits > 0, skipped rows).
+            float sum = 0.f;
+            #pragma unroll
+            for (int j = 0; j < KT / 4; ++j) {
+                const float e = v[j] == -INFINITY ? 0.f : __expf(v[j] - m_new);
+                const __nv_bfloat16 eb = __float2bfloat16_rn(e);
+                sm.p[h * PLD + j0 + j] = eb;
+                sum += __bfloat162float(eb);  // the sum of exactly what P·V multiplies
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            __syncwarp();
+            if ((tid & 3) == 0) {
+                const float a = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);  // m_new >= m_old > -inf
+                sm.alpha[h] = a;
+                sm.l[h] = sm.l[h] * a + sum;
+                sm.m[h] = m_new;
+            }
+        }
+        __syncthreads();
+        // O = alpha * O + P V, V = the same key rows.
+        {
+            #pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+                const float a0 = sm.alpha[mi * 16 + g], a1 = sm.alpha[mi * 16 + g + 8];
+                #pragma unroll
+                for (int ni = 0; ni < 8; ++ni) {
+                    o[mi][ni][0] *= a0;
+                    o[mi][ni][1] *= a0;
+                    o[mi][ni][2] *= a1;
+                    o[mi][ni][3] *= a1;
+                }
+            }
+            #pragma unroll
+            for (int ks = 0; ks < KT; ks += 16) {
+                uint32_t a[4][4];
+                #pragma unroll
+                for (int mi = 0; mi < 4; ++mi) ldsm_x4(a[mi], sm.p + (mi * 16 + (lane % 16)) * PLD + ks + (lane / 16) * 8);
+                #pragma unroll
+                for (int nj = 0; nj < 4; ++nj) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, kt + (ks + (lane % 8) + ((lane / 8) % 2) * 8) * LD + warp * 64 + nj * 16 + (lane / 16) * 8);
+                    #pragma unroll
+                    for (int mi = 0; mi < 4; ++mi) {
+                        mma(o[mi][2 * nj], a[mi], bb[0], bb[1]);
+                        mma(o[mi][2 * nj + 1], a[mi], bb[2], bb[3]);
+                    }
+                }
+            }
+        }
+    }
+    cp_wait_all();  // Q's copies, when this split had no keys
+    __syncthreads();
+    // Rows h = mi*16 + g (+8), columns warp*64 + ni*8 + 2qd (+1).
+    #pragma unroll
+    for (int mi = 0; mi < 4; ++mi) {
+        #pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int h = mi * 16 + g + 8 * hh;
+            if (h >= static_cast<int>(heads)) continue;
+            if (splits == 1) {
+                const float inv = sm.l[h] > 0.f ? 1.f / sm.l[h] : 0.f;
+                __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + h) * D + warp * 64 + 2 * qd;
+                #pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+                    *reinterpret_cast<__nv_bfloat162*>(dst + ni * 8) =
+                        __floats2bfloat162_rn(o[mi][ni][2 * hh] * inv, o[mi][ni][2 * hh + 1] * inv);
+            } else {
+                float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + warp * 64 + 2 * qd;
+                #pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+                    *reinterpret_cast<float2*>(dst + ni * 8) = make_float2(o[mi][ni][2 * hh], o[mi][ni][2 * hh + 1]);
+            }
+        }
+    }
+    if (splits > 1 && tid < static_cast<int>(heads)) {
+        float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + tid) * 2;
+        ml[0] = sm.m[tid];
+        ml[1] = sm.l[tid];
+    }
+}
+
+// out[b, h, :] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the splits (M = max m_s).
+// A block of 128 threads per (b, h), 4 columns each.
+extern "C" __global__ void __launch_bounds__(128) di_attn_decode_combine(const float* __restrict__ o_part,
+                                                                         const float* __restrict__ ml_part,
+                                                                         __nv_bfloat16* __restrict__ out,
+                                                                         uint32_t heads, uint32_t splits) {
+    const uint32_t b = blockIdx.x / heads, h = blockIdx.x % heads;
+    float mx = -INFINITY;
+    for (uint32_t s = 0; s < splits; ++s) mx = fmaxf(mx, ml_part[((static_cast<size_t>(b) * splits + s) * heads + h) * 2]);
+    float den = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (uint32_t s = 0; s < splits; ++s) {
+        const float* ml = ml_part + ((static_cast<size_t>(b) * splits + s) * heads + h) * 2;
+        if (ml[1] == 0.f) continue;  // no keys and no sink in this split
+        const float w = __expf(ml[0] - mx);
+        den += w * ml[1];
+        const float4 v = *reinterpret_cast<const float4*>(o_part + ((static_cast<size_t>(b) * splits + s) * heads + h) * D + threadIdx.x * 4);
+        acc[0] += w * v.x;
+        acc[1] += w * v.y;
+        acc[2] += w * v.z;
+        acc[3] += w * v.w;
+    }
+    const float inv = 1.f / den;
+    __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + h) * D + threadIdx.x * 4;
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(acc[0] * inv, acc[1] * inv);
+    *reinterpret_cast<__nv_bfloat162*>(dst + 2) = __floats2bfloat162_rn(acc[2] * inv, acc[3] * inv);
+}
