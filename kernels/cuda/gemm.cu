@@ -194,6 +194,91 @@ __device__ void gemv(const __nv_bfloat16* __restrict__ x, const uint8_t* __restr
         gemv<MT, true>(x, w, s, y, p);                                                                      \
     }
 
+// One row of x against FP8 W with every weight load issued before any arithmetic: warp w of the
+// grid takes R consecutive rows, and its lanes stream each row in STEPS 512-byte steps (16 bytes a
+// lane), so a lane has R * STEPS <= 16 loads in flight at once; x comes through the L1 (__ldg,
+// shared by all warps) and is FP8-rounded in registers (each 128-wide block spans 8 lanes: amax by
+// shuffles). No shared memory, no barrier. k = 512 * STEPS.
+template <int STEPS>
+__device__ void gemv_fp8_flat(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+                              const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y, DiGemmParams p,
+                              uint32_t rows_per_warp) {
+    constexpr int RMAX = 16 / STEPS;
+    const int lane = threadIdx.x & 31;
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint32_t r0 = warp * rows_per_warp;
+    if (r0 >= p.n) return;
+    const uint32_t kb = p.k / 128;
+    uint4 wv[RMAX][STEPS];
+    #pragma unroll
+    for (int rr = 0; rr < RMAX; ++rr) {
+        const uint32_t r = r0 + rr;
+        const bool ok = static_cast<uint32_t>(rr) < rows_per_warp && r < p.n;
+        #pragma unroll
+        for (int st = 0; st < STEPS; ++st)
+            wv[rr][st] = ok ? __ldg(reinterpret_cast<const uint4*>(w + static_cast<size_t>(r) * p.k + st * 512 + lane * 16))
+                            : make_uint4(0, 0, 0, 0);
+    }
+    float acc[RMAX];
+    #pragma unroll
+    for (int rr = 0; rr < RMAX; ++rr) acc[rr] = 0.f;
+    #pragma unroll
+    for (int st = 0; st < STEPS; ++st) {
+        // x for this step: 16 values at st * 512 + lane * 16, FP8-rounded with their block's scale.
+        float xv[16];
+        const uint4* xp = reinterpret_cast<const uint4*>(x + st * 512 + lane * 16);
+        const uint4 a = __ldg(xp), b = __ldg(xp + 1);
+        const uint32_t xw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float amax = 0.f;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            xv[2 * j] = bf_lo(xw[j]);
+            xv[2 * j + 1] = bf_hi(xw[j]);
+            amax = fmaxf(amax, fmaxf(fabsf(xv[2 * j]), fabsf(xv[2 * j + 1])));
+        }
+        if (p.quantize_x) {
+            #pragma unroll
+            for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float sx = pow2_scale(amax);
+            #pragma unroll
+            for (int j = 0; j < 16; ++j) xv[j] = fp8_round(xv[j], sx);
+        }
+        #pragma unroll
+        for (int rr = 0; rr < RMAX; ++rr) {
+            const uint32_t words[4] = {wv[rr][st].x, wv[rr][st].y, wv[rr][st].z, wv[rr][st].w};
+            float t = 0.f;
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 lo = e4m3x2(words[j]), hi = e4m3x2(words[j] >> 16);
+                t = fmaf(lo.x, xv[4 * j], t);
+                t = fmaf(lo.y, xv[4 * j + 1], t);
+                t = fmaf(hi.x, xv[4 * j + 2], t);
+                t = fmaf(hi.y, xv[4 * j + 3], t);
+            }
+            const uint32_t r = min(r0 + rr, p.n - 1);
+            acc[rr] = fmaf(t, e8m0(scale[static_cast<size_t>(r / 128) * kb + (st * 512 + lane * 16) / 128]), acc[rr]);
+        }
+    }
+    #pragma unroll
+    for (int rr = 0; rr < RMAX; ++rr) {
+        float v = acc[rr];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && static_cast<uint32_t>(rr) < rows_per_warp && r0 + rr < p.n) y[r0 + rr] = __float2bfloat16_rn(v);
+    }
+}
+
+#define DI_GEMV_FLAT(STEPS)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) di_gemv_fp8_flat_s##STEPS(                                 \
+        const __nv_bfloat16* x, const uint8_t* w, const uint8_t* s, __nv_bfloat16* y, DiGemmParams p,         \
+        uint32_t rows_per_warp) {                                                                             \
+        gemv_fp8_flat<STEPS>(x, w, s, y, p, rows_per_warp);                                                   \
+    }
+
+// k = 512 and 1024 only: with one row a warp (k >= 4096) the shared-memory kernel above is faster.
+DI_GEMV_FLAT(1)
+DI_GEMV_FLAT(2)
+
 DI_GEMM(1, 4)
 DI_GEMM(2, 4)
 DI_GEMM(4, 4)

@@ -207,6 +207,19 @@ fn gpu_gemm_lowp_matches_cpu() {
             assert!(rel < BF16_TOL, "gemm {f:?} q={q} m={m} n={n} k={k}: rel_err {rel:e}");
         }
     }
+    // One row, FP8, k = 512 or 1024: the flat kernel (all loads issued up front, several rows a warp).
+    for (k, q) in [(512usize, false), (512, true), (1024, true), (1024, false)] {
+        let f = ops::WeightFormat::Fp8Block128;
+        let n = 1 + (rng.next_u64() % 3000) as usize;
+        let x: Vec<bf16> = to(&rng.vec(k));
+        let (w, sc) = lowp_weights(&mut rng, f, n, k);
+        let p = deepinfer_kernels_ffi::GemmParams::new(1, n as u32, k as u32, q);
+        let (want, got) = (gemm_on(&cpu, f, &x, &w, &sc, &p), gemm_on(&gpu, f, &x, &w, &sc, &p));
+        let (rel, max) = rel_err(&got, &want);
+        let kernel = ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default();
+        println!("parity gemm {kernel} quantize_x={q} m=1 n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+        assert!(rel < BF16_TOL, "flat gemv q={q} n={n} k={k}: rel_err {rel:e}");
+    }
     // bf16 through cuBLASLt (any m).
     for (m, n, k) in [(1u32, 300usize, 512usize), (7, 1024, 4096), (64, 257, 1000)] {
         let x: Vec<bf16> = to(&rng.vec(m as usize * k));

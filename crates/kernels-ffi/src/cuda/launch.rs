@@ -131,6 +131,9 @@ pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, k: u32,
     if uses_tensor_cores(format, m, k, quantize) {
         return (format!("di_gemm_{f}_{}", tc_kernel_suffix(dense_tile(m))), 128);
     }
+    if flat_gemv_rows(format, m, 1, k).is_some() {
+        return (format!("di_gemv_fp8_flat_s{}", k / 512), 8);
+    }
     let tile = [1u32, 2, 4, 8, 16].into_iter().find(|t| *t >= m).unwrap_or(16);
     (format!("di_gemm_{f}_m{tile}"), 8)
 }
@@ -168,6 +171,19 @@ fn tc_kernel_suffix(tile: u32) -> String {
     } else {
         format!("tc_m{tile}")
     }
+}
+
+/// Rows per warp of the flat one-row FP8 kernel (`di_gemv_fp8_flat_s{k / 512}`), when it applies:
+/// m = 1, FP8, k = 512 or 1024. A warp takes as many rows as fill its 16 loads while at least 1056
+/// warps (8 a SM) remain. Short rows are where it wins: on the H200 wq_b (32768 x 1024) went from
+/// 0.35 to 0.48 of the bandwidth floor, while one-row-a-warp shapes with k = 4096 and 8192 (wq_a,
+/// wo_b) lost against the shared-memory kernel (0.13 -> 0.09, 0.36 -> 0.19), so they keep it
+/// (benches/results/2026-11-30-gemm-decode/flat-gemv).
+pub(crate) fn flat_gemv_rows(format: crate::ops::WeightFormat, m: u32, n: u32, k: u32) -> Option<u32> {
+    if m != 1 || format != crate::ops::WeightFormat::Fp8Block128 || !(k == 512 || k == 1024) {
+        return None;
+    }
+    Some((16 / (k / 512)).min((n / 1056).max(1)))
 }
 
 /// Which rows of x a tensor-core GEMM launch multiplies.
@@ -315,6 +331,26 @@ pub(crate) fn gemm_lowp(
         return gemm_tc_launch(stream, format, x, None, w, scale, y, p, TcJobs::Dense);
     }
     let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.k, p.quantize_x != 0);
+    if let Some(rows_per_warp) = flat_gemv_rows(format, p.m, p.n, p.k) {
+        let f = backend(stream).function("gemm", &name)?;
+        let s = stream.cuda_stream("gemm_lowp", "x")?;
+        let warps = p.n.div_ceil(rows_per_warp);
+        let cfg = LaunchConfig { grid_dim: (warps.div_ceil(8), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: di_gemv_fp8_flat_s* take (x, w, scale, y, params, rows_per_warp); m == 1, k is
+        // 512 * STEPS of the kernel named and rows_per_warp * STEPS <= 16 (flat_gemv_rows); the op checked x [1, k], w [n, k],
+        // scale and y [1, n]; warps past n return.
+        unsafe {
+            s.launch_builder(&f)
+                .arg(x.cuda())
+                .arg(w.cuda())
+                .arg(scale.cuda())
+                .arg(y.cuda_mut())
+                .arg(p)
+                .arg(&rows_per_warp)
+                .launch(cfg)
+        }?;
+        return Ok(());
+    }
     let f = backend(stream).function("gemm", &name)?;
     let s = stream.cuda_stream("gemm_lowp", "x")?;
     // The CUDA-core kernel: 8 warps a block (WARPS in gemm.cu), a row each.
@@ -380,6 +416,11 @@ mod tests {
                     for q in [false, true] {
                         let (name, _) = gemm_lowp_kernel(f, m, k, q);
                         let tc = name.contains("_tc_m") || name.ends_with("_tile128");
+                        assert_eq!(
+                            name.starts_with("di_gemv_fp8_flat"),
+                            flat_gemv_rows(f, m, 1, k).is_some(),
+                            "{name}"
+                        );
                         assert_eq!(uses_tensor_cores(f, m, k, q), tc, "{name} m={m} k={k} q={q}");
                         assert_eq!(name.ends_with("_tile128"), tc && m > 32, "{name} m={m}");
                     }
