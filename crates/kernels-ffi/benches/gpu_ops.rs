@@ -36,34 +36,25 @@ fn time_ms(s: &Stream, mut f: impl FnMut()) -> f64 {
 /// Milliseconds per call of `f`, from back-to-back batches of `BATCH` calls between two events
 /// (median of 20 batches): decode GEMMs run a few microseconds, where one event pair per launch
 /// would mostly time the launch itself; an engine step issues them back to back (or in a graph).
-fn time_batched_ms(s: &Stream, mut f: impl FnMut()) -> f64 {
+/// With `filler`, about a millisecond of other work (RMSNorms over 256 MiB) is queued before each
+/// batch, so the whole batch is queued when its first call starts and the events time only the
+/// GPU running the calls back to back (what a captured decode step would see).
+fn time_batched_ms(
+    s: &Stream,
+    mut filler: Option<&mut (DeviceBufferF, DeviceBufferF, DeviceBufferF)>,
+    mut f: impl FnMut(),
+) -> f64 {
     const BATCH: usize = 20;
     for _ in 0..WARMUP {
         f();
     }
-    let mut t = Vec::with_capacity(20);
-    for _ in 0..20 {
-        let a = s.record_event().unwrap();
-        for _ in 0..BATCH {
-            f();
-        }
-        let b = s.record_event().unwrap();
-        t.push(a.elapsed_ms(&b).unwrap() / BATCH as f32);
-    }
-    median(t)
-}
-
-/// Milliseconds per call of `f` when the GPU never waits for the host: about a millisecond of
-/// filler work (RMSNorms over 256 MiB) is queued first, so the batch of 20 calls is already queued
-/// behind it when the first starts and the events time only the GPU running them back to back (what
-/// a captured decode step would see). Median of 20 batches.
-fn time_queued_ms(s: &Stream, filler: &mut (DeviceBufferF, DeviceBufferF, DeviceBufferF), mut f: impl FnMut()) -> f64 {
-    const BATCH: usize = 20;
     let p = RmsNormParams::packed(16384, 4096, 1e-6);
     let mut t = Vec::with_capacity(20);
     for _ in 0..20 {
-        for _ in 0..12 {
-            ops::rms_norm(s, &filler.0, &filler.1, &mut filler.2, &p).unwrap();
+        if let Some(fl) = filler.as_deref_mut() {
+            for _ in 0..12 {
+                ops::rms_norm(s, &fl.0, &fl.1, &mut fl.2, &p).unwrap();
+            }
         }
         let a = s.record_event().unwrap();
         for _ in 0..BATCH {
@@ -166,7 +157,7 @@ fn gemm_case(
     let (rel, _) = rel_err(&got, &want);
     assert!(rel < 4e-3, "gemm {f:?} {m}x{n}x{k}: rel_err {rel:e} against the CPU");
     let mut i = 0;
-    let ms = time_batched_ms(s, || {
+    let ms = time_batched_ms(s, None, || {
         i += 1;
         ops::gemm_lowp(s, f, &xb, &ws[i % copies], &scb, &mut y, &p).unwrap()
     });
@@ -175,7 +166,7 @@ fn gemm_case(
         s.upload(&vec![1f32; 4096]).unwrap(),
         s.zeros::<f32>(16384 * 4096).unwrap(),
     );
-    let ms_queued = time_queued_ms(s, &mut filler, || {
+    let ms_queued = time_batched_ms(s, Some(&mut filler), || {
         i += 1;
         ops::gemm_lowp(s, f, &xb, &ws[i % copies], &scb, &mut y, &p).unwrap()
     });
@@ -188,7 +179,7 @@ fn gemm_case(
     let wbs: Vec<_> = (0..bcopies).map(|_| s.upload(&wbf).unwrap()).collect();
     let pb = GemmParams::new(m, n as u32, k as u32, false);
     let mut j = 0;
-    let ms_bf16 = time_batched_ms(s, || {
+    let ms_bf16 = time_batched_ms(s, None, || {
         j += 1;
         ops::gemm_bf16(s, &xb, &wbs[j % bcopies], &mut y, &pb).unwrap()
     });

@@ -8,24 +8,13 @@ use crate::cpu::attention as host;
 pub use crate::cpu::attention::DecodeAttnShape;
 use crate::device::{DeviceBuffer, Stream};
 use crate::error::FfiError;
+use crate::ops::check_len;
 use crate::{DeviceKind, Result};
 
 /// The head dimension the CUDA decode kernel is built for (V4's single K=V head).
 pub const CUDA_HEAD_DIM: u32 = 512;
 /// The most query heads one CUDA decode block computes.
 pub const CUDA_MAX_HEADS: u32 = 64;
-
-fn check_len<T: crate::Element>(
-    op: &'static str,
-    field: &'static str,
-    buf: &DeviceBuffer<T>,
-    need: usize,
-) -> Result<()> {
-    if buf.len() < need {
-        return Err(FfiError::shape(op, field, format!("holds {} elements, needs {need}", buf.len())));
-    }
-    Ok(())
-}
 
 /// Decode attention: for every sequence b and head h,
 /// `out[b, h] = Σ_j p_hj·k_j`, `p_hj = exp(s_hj) / (Σ_j' exp(s_hj') + exp(sink[h]))`,

@@ -12,6 +12,7 @@ use half::bf16;
 use crate::cpu::moe as host;
 use crate::device::{DeviceBuffer, Stream};
 use crate::error::FfiError;
+use crate::ops::check_len;
 use crate::ops::WeightFormat;
 use crate::params::GemmParams;
 use crate::{DeviceKind, Result};
@@ -47,18 +48,6 @@ impl MoeShape {
         }
         Ok(())
     }
-}
-
-fn check_len<T: crate::Element>(
-    op: &'static str,
-    field: &'static str,
-    buf: &DeviceBuffer<T>,
-    need: usize,
-) -> Result<()> {
-    if buf.len() < need {
-        return Err(FfiError::shape(op, field, format!("holds {} elements, needs {need}", buf.len())));
-    }
-    Ok(())
 }
 
 fn on_cpu(stream: &Stream) -> bool {

@@ -19,7 +19,13 @@ fn strided_len(rows: u32, dim: u32, stride: u32) -> usize {
     }
 }
 
-fn check_len<T: Element>(op: &'static str, field: &'static str, buf: &DeviceBuffer<T>, need: usize) -> Result<()> {
+/// An error naming `field` of `op` when `buf` holds fewer than `need` elements (shared by every op module).
+pub(crate) fn check_len<T: Element>(
+    op: &'static str,
+    field: &'static str,
+    buf: &DeviceBuffer<T>,
+    need: usize,
+) -> Result<()> {
     if buf.len() < need {
         return Err(FfiError::shape(op, field, format!("holds {} elements, needs {need}", buf.len())));
     }
