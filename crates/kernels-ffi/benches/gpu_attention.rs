@@ -1,4 +1,4 @@
-//! Decode attention at V4-Flash shapes on the GPU (issue #8): batch 64, 64 heads of 512, one K=V
+//! Decode attention and the lightning indexer at V4-Flash shapes on the GPU (issue #8): batch 64, 64 heads of 512, one K=V
 //! head, keys gathered from a paged pool: a CSA layer (128 window + 512 top-k rows, any context
 //! past 2k), HCA layers at 8k (128 + 64) and 128k (128 + 1024), a sliding-only layer (128). Prints
 //! a table and, with DEEPINFER_BENCH_JSON set, writes JSON; prints that it skipped without a GPU.
@@ -97,6 +97,50 @@ fn main() {
             "rel_err_vs_cpu_seq0": rel}),
         );
         drop(pools);
+    }
+    // The lightning indexer at decode: 64 sequences, 64 heads x 128, k = 512, over the compressed
+    // indexer keys of 8k and 128k contexts (2048 and 32768 candidate rows, ratio 4).
+    for (what, rows_n) in [("indexer 8k (2048 rows)", 2048u32), ("indexer 128k (32768 rows)", 32768)] {
+        use deepinfer_kernels_ffi::indexer::{indexer_decode, IndexerShape};
+        let shape = IndexerShape { batch, heads: 64, dim: 128, max_rows: rows_n, k: 512 };
+        let pool = (batch * rows_n) as usize;
+        let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let qb = s.upload(&b(rng.vec(batch as usize * 64 * 128))).unwrap();
+        let wb = s.upload(&rng.vec(batch as usize * 64)).unwrap();
+        let copies = ((256usize << 20) / (pool * 256)).max(1);
+        let keys: Vec<_> = (0..copies).map(|_| s.upload(&b(rng.vec(pool * 128))).unwrap()).collect();
+        // Each sequence's keys in its own pages, in a shuffled order.
+        let rows: Vec<i32> = (0..pool as u64).map(|i| ((i * 2654435761) % pool as u64) as i32).collect();
+        let (rb, cb) = (s.upload(&rows).unwrap(), s.upload(&vec![rows_n as i32; batch as usize]).unwrap());
+        let mut sc = s.zeros::<f32>(pool).unwrap();
+        let mut tk = s.zeros::<i32>(batch as usize * 512).unwrap();
+        let mut st = s.zeros::<i32>(1).unwrap();
+        let scale = 1.0 / (64f32 * 128.0).sqrt();
+        let mut i = 0;
+        let mut times = Vec::new();
+        for rep in 0..12 {
+            let a = s.record_event().unwrap();
+            for _ in 0..5 {
+                i = (i + 1) % copies;
+                indexer_decode(&s, &qb, &wb, &keys[i], &rb, &cb, &mut sc, &mut tk, &mut st, shape, scale).unwrap();
+            }
+            let e = s.record_event().unwrap();
+            if rep >= 2 {
+                times.push(a.elapsed_ms(&e).unwrap() as f64 / 5.0);
+            }
+        }
+        let ms = median(times);
+        let bytes = pool as f64 * 256.0 + pool as f64 * 4.0 * 2.0;
+        let flops = 2.0 * pool as f64 * 64.0 * 128.0;
+        let floor_ms = bytes / BYTES_PER_S * 1e3;
+        println!(
+            "indexer_decode {what:<26} batch={batch} k=512  {:>7.1} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}  {:.0} TFLOP/s",
+            bytes / 1e6,
+            floor_ms / ms,
+            flops / (ms * 1e-3) / 1e12
+        );
+        results.push(serde_json::json!({"op": "indexer_decode", "case": what, "batch": batch, "rows": rows_n, "k": 512,
+            "bytes": bytes, "flops": flops, "median_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms}));
     }
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
     let doc = serde_json::json!({

@@ -1,6 +1,6 @@
 //! Attention ops of V4 (MODEL_V4.md §5-7). Built so far: decode attention over gathered key rows
-//! ([`attention_decode`]). Prefill attention, the compressors and the indexer's top-k are not built
-//! yet (issue #8).
+//! ([`attention_decode`]) and, in [`crate::indexer`], the lightning indexer's decode step. Prefill
+//! attention and the compressors are not built yet (issue #8).
 
 use half::bf16;
 

@@ -28,6 +28,7 @@ mod device;
 mod element;
 mod embedded;
 mod error;
+pub mod indexer;
 pub mod moe;
 pub mod ops;
 pub mod params;

@@ -5,6 +5,7 @@
 
 pub mod attention;
 mod gemm;
+pub mod indexer;
 pub mod moe;
 mod norm;
 mod rope;

@@ -4,6 +4,7 @@
 
 pub(crate) mod attention;
 mod backend;
+pub(crate) mod indexer;
 pub(crate) mod launch;
 pub(crate) mod libraries;
 pub(crate) mod moe;
