@@ -3,7 +3,12 @@
 //! the batch or on the order requests are processed (deterministic mode). Log-probabilities of the
 //! chosen token and the most likely alternatives come from the distribution after penalties and
 //! temperature, before truncation (as OpenAI reports them).
+//!
+//! Penalties and grammar masks are applied here; the choice itself (temperature and truncation,
+//! the draw, log-probabilities) is `deepinfer_kernels_ffi::cpu::sampling`, the CPU backend's
+//! definition that a device sampler reproduces.
 
+use deepinfer_kernels_ffi::cpu::sampling::{choose, Truncation};
 use serde::Serialize;
 
 /// Sampling parameters of one request.
@@ -84,31 +89,9 @@ pub struct Sample {
     pub top: Vec<(u32, f32)>,
 }
 
-/// A uniform number in [0, 1) that depends only on (seed, position).
-pub fn uniform(seed: u64, position: u64) -> f64 {
-    let mut z = seed ^ position.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    for _ in 0..2 {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-    }
-    (z >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// The `n` best finite entries of `l` in `order` (a partial selection, then a sort of `n`).
-fn top_n(l: &[f64], n: usize, order: impl Fn(&usize, &usize) -> std::cmp::Ordering) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..l.len()).filter(|i| l[*i] > f64::NEG_INFINITY).collect();
-    if n == 0 {
-        return Vec::new();
-    }
-    if n < idx.len() {
-        idx.select_nth_unstable_by(n - 1, &order);
-        idx.truncate(n);
-    }
-    idx.sort_unstable_by(order);
-    idx
-}
+/// A uniform number in [0, 1) that depends only on (seed, position) (the CPU backend's definition,
+/// which a device sampler reproduces).
+pub use deepinfer_kernels_ffi::cpu::sampling::uniform;
 
 /// Sample from `logits` for the token at `position` of a request that has produced `history`.
 /// `allowed`, when given, masks tokens (structured output); an all-false mask is an error.
@@ -146,60 +129,16 @@ pub fn sample(
             return None;
         }
     }
-    let greedy = p.temperature < 1e-5;
-    let t = if greedy { 1.0 } else { p.temperature as f64 };
-    let mx = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let lse = mx + l.iter().map(|v| ((v - mx) / t).exp()).sum::<f64>().ln() * t;
-    let logprob = |v: f64| ((v - lse) / t) as f32;
-    // Candidate order: descending logit, ties to the lower id (fixed: no batch dependence).
-    let desc = |a: &usize, b: &usize| l[*b].total_cmp(&l[*a]).then(a.cmp(b));
-    let top = top_n(&l, p.top_logprobs, desc).into_iter().map(|i| (i as u32, logprob(l[i]))).collect();
-    let chosen = if greedy {
-        top_n(&l, 1, desc)[0]
-    } else {
-        let cand: Vec<usize> = if p.top_k > 0 {
-            top_n(&l, p.top_k, desc)
-        } else if p.top_p < 1.0 || p.min_p > 0.0 {
-            // Sorted, without tokens below e^-40 of the best (their total mass, under 1e-12 for
-            // any vocabulary, cannot move a top-p or min-p boundary).
-            let floor = mx - 40.0 * t;
-            let mut c: Vec<usize> = (0..l.len()).filter(|i| l[*i] >= floor).collect();
-            c.sort_unstable_by(desc);
-            c
-        } else {
-            // Plain sampling: the draw walks the vocabulary in id order.
-            (0..l.len()).filter(|i| l[*i] > f64::NEG_INFINITY).collect()
-        };
-        let probs: Vec<f64> = cand.iter().map(|i| ((l[*i] - mx) / t).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        let mut keep = cand.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (k, pr) in probs.iter().enumerate() {
-                acc += pr / total;
-                if acc >= p.top_p as f64 {
-                    keep = k + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|pr| **pr >= floor).count().max(1));
-        }
-        let kept: f64 = probs[..keep].iter().sum();
-        let mut u = uniform(p.seed.unwrap_or(0), position) * kept;
-        let mut pick = cand[keep - 1];
-        for (k, pr) in probs[..keep].iter().enumerate() {
-            if u < *pr {
-                pick = cand[k];
-                break;
-            }
-            u -= pr;
-        }
-        pick
+    let truncation = Truncation {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        seed: p.seed.unwrap_or(0),
+        top_logprobs: p.top_logprobs,
     };
-    Some(Sample { token: chosen as u32, logprob: logprob(l[chosen]), top })
+    let c = choose(&l, &truncation, position);
+    Some(Sample { token: c.token, logprob: c.logprob, top: c.top })
 }
 
 #[cfg(test)]

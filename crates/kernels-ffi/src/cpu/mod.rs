@@ -9,6 +9,7 @@ pub mod indexer;
 pub mod moe;
 mod norm;
 mod rope;
+pub mod sampling;
 
 pub use gemm::{gemm_bf16, gemm_fp4, gemm_fp8};
 
