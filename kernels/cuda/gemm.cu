@@ -1,7 +1,10 @@
-// Decode-sized GEMMs with low-precision weights (MODEL_V4.md §10.1): y[m, n] = sum_k x[m, k] * W[n, k]
-// for m <= 16, W in FP8 e4m3 with ue8m0 scales over 128x128 blocks (dense projections) or FP4 e2m1
-// packed two per byte with ue8m0 scales per 1x32 (routed experts; Hopper has no FP4 tensor cores,
-// so the weights are expanded in registers). x and y bf16, fp32 accumulation.
+// GEMMs with low-precision weights (MODEL_V4.md §10.1): y[m, n] = sum_k x[m, k] * W[n, k], W in FP8
+// e4m3 with ue8m0 scales over 128x128 blocks (dense projections) or FP4 e2m1 packed two per byte
+// with ue8m0 scales per 1x32 (routed experts; Hopper has no FP4 tensor cores, so the weights are
+// expanded to bf16 on the fly). x and y bf16, fp32 accumulation. Four families, chosen by the
+// launcher (crates/kernels-ffi/src/cuda/launch.rs): the CUDA-core decode kernels below (m <= 16),
+// the flat one-row FP8 kernel (k = 512/1024), the tensor-core decode kernel (2-32 rows a pass, also
+// grouped over MoE expert chunks) and the tiled tensor-core kernel (prefill, experts with many rows).
 //
 // At decode sizes the op is bound by reading W once: each warp streams one row of W with 16-byte
 // loads (several in flight per lane), while x, one tile of k at a time, sits in shared memory for
@@ -501,7 +504,7 @@ __device__ void gemm_tile(const __nv_bfloat16* __restrict__ x, const int32_t* __
     constexpr int WN = BN / 32;                 // warps along n
     constexpr int XV = BM / 32;                 // 16-byte x vectors per thread per k step
     constexpr int WV = FP4 ? BN / 128 : BN / 64;  // 16-byte weight vectors per thread per k step
-    // Two stages of (x tile, W tile) in dynamic shared memory (TILE_SMEM_BYTES, set by the launcher).
+    // Two stages of (x tile, W tile) in dynamic shared memory (tile_smem_bytes<BM, BN>(), set by the launcher).
     extern __shared__ __align__(16) unsigned char tile_smem[];
     __nv_bfloat16* const stage0 = reinterpret_cast<__nv_bfloat16*>(tile_smem);
     Rows rows{gather, gather_div, blockIdx.z * BM, min(static_cast<uint32_t>(BM), p.m - min(p.m, blockIdx.z * BM))};
