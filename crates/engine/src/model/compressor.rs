@@ -12,6 +12,7 @@
 //! so far. Row w exists once token ratio·w + ratio − 1 has been absorbed.
 
 use super::linear::{rms_norm_rows, Linear};
+use deepinfer_kernels_ffi::cpu::compressor::{pool_window, PoolShape};
 use deepinfer_kernels_ffi::cpu::rope_row;
 
 /// How a pooled row is finished: RMSNorm epsilon, the compress rope (table and rotated tail),
@@ -107,40 +108,10 @@ impl Compressor {
         }
     }
 
-    /// Softmax-pool one window per channel. Overlapping: slots are the previous window's `Ca`
-    /// (absent for the first window: weight 0, as the reference's −inf gate) then this
-    /// window's `Cb`.
+    /// Softmax-pool one window per channel (`deepinfer_kernels_ffi::cpu::compressor::pool_window`,
+    /// the CPU backend's definition a device compressor reproduces).
     fn pool(&self, kv: &[f32], gate: &[f32], prev: Option<&(Vec<f32>, Vec<f32>)>) -> Vec<f32> {
-        let (w, cw, r) = (self.width, self.coff() * self.width, self.ratio);
-        let off = if self.overlap { w } else { 0 };
-        let mut row = vec![0f32; w];
-        let mut slots_v = Vec::with_capacity(2 * r);
-        let mut slots_g = Vec::with_capacity(2 * r);
-        for (c, out) in row.iter_mut().enumerate() {
-            slots_v.clear();
-            slots_g.clear();
-            if let (true, Some((pv, pg))) = (self.overlap, prev) {
-                for t in 0..r {
-                    slots_v.push(pv[t * w + c]);
-                    slots_g.push(pg[t * w + c]);
-                }
-            }
-            for t in 0..r {
-                slots_v.push(kv[t * cw + off + c]);
-                slots_g.push(gate[t * cw + off + c]);
-            }
-            let mx = slots_g.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
-            let mut sum = 0f32;
-            let e: Vec<f32> = slots_g.iter().map(|g| (g - mx).exp()).collect();
-            for v in &e {
-                sum += v;
-            }
-            let mut acc = 0f32;
-            for (ev, v) in e.iter().zip(&slots_v) {
-                acc += v * (ev / sum);
-            }
-            *out = acc;
-        }
-        row
+        let shape = PoolShape { ratio: self.ratio, width: self.width, overlap: self.overlap };
+        pool_window(shape, kv, gate, prev.map(|(v, g)| (&v[..], &g[..])))
     }
 }

@@ -4,6 +4,7 @@
 //! and the CPU model calls them directly.
 
 pub mod attention;
+pub mod compressor;
 mod gemm;
 pub mod indexer;
 pub mod moe;
