@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "mma.cuh"
+
 namespace {
 
 constexpr int D = 512;         // head dimension (V4: the single K=V head)
@@ -35,28 +37,6 @@ struct Smem {
 // Must equal ATTN_SMEM_BYTES in crates/kernels-ffi/src/cuda/attention.rs (the launcher's dynamic
 // shared memory).
 static_assert(sizeof(Smem) == 226304, "attention.rs ATTN_SMEM_BYTES");
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const __nv_bfloat16* p) {
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // 16 bytes global -> shared, zero-filled when !valid (cp.async with a source size of 0).
 __device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
@@ -143,13 +123,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             #pragma unroll 4
             for (int kk = 0; kk < D; kk += 16) {
                 uint32_t a[4];
-                ldsm_x4(a, sm.q + (wm * 16 + (lane % 16)) * LD + kk + (lane / 16) * 8);
+                ldmatrix_x4(a, sm.q + (wm * 16 + (lane % 16)) * LD + kk + (lane / 16) * 8);
                 #pragma unroll
                 for (int nj = 0; nj < 2; ++nj) {
                     uint32_t bb[4];
-                    ldsm_x4(bb, kt + (wn * 32 + nj * 16 + (lane / 16) * 8 + (lane % 8)) * LD + kk + ((lane / 8) % 2) * 8);
-                    mma(s[2 * nj], a, bb[0], bb[1]);
-                    mma(s[2 * nj + 1], a, bb[2], bb[3]);
+                    ldmatrix_x4(bb, kt + (wn * 32 + nj * 16 + (lane / 16) * 8 + (lane % 8)) * LD + kk + ((lane / 8) % 2) * 8);
+                    mma_bf16(s[2 * nj], a, bb[0], bb[1]);
+                    mma_bf16(s[2 * nj + 1], a, bb[2], bb[3]);
                 }
             }
             #pragma unroll
@@ -212,15 +192,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int ks = 0; ks < KT; ks += 16) {
                 uint32_t a[4][4];
                 #pragma unroll
-                for (int mi = 0; mi < 4; ++mi) ldsm_x4(a[mi], sm.p + (mi * 16 + (lane % 16)) * PLD + ks + (lane / 16) * 8);
+                for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(a[mi], sm.p + (mi * 16 + (lane % 16)) * PLD + ks + (lane / 16) * 8);
                 #pragma unroll
                 for (int nj = 0; nj < 4; ++nj) {
                     uint32_t bb[4];
-                    ldsm_x4_t(bb, kt + (ks + (lane % 8) + ((lane / 8) % 2) * 8) * LD + warp * 64 + nj * 16 + (lane / 16) * 8);
+                    ldmatrix_x4_trans(bb, kt + (ks + (lane % 8) + ((lane / 8) % 2) * 8) * LD + warp * 64 + nj * 16 + (lane / 16) * 8);
                     #pragma unroll
                     for (int mi = 0; mi < 4; ++mi) {
-                        mma(o[mi][2 * nj], a[mi], bb[0], bb[1]);
-                        mma(o[mi][2 * nj + 1], a[mi], bb[2], bb[3]);
+                        mma_bf16(o[mi][2 * nj], a[mi], bb[0], bb[1]);
+                        mma_bf16(o[mi][2 * nj + 1], a[mi], bb[2], bb[3]);
                     }
                 }
             }

@@ -15,6 +15,7 @@
 
 #include "../include/deepinfer_params.h"
 #include "lowp.cuh"
+#include "mma.cuh"
 
 namespace {
 
@@ -306,14 +307,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Four weights (physical k q*E + 4s .. +3 of one row) as two bf16x2 words: (k+0, k+1), (k+2, k+3).
 template <bool FP4>
 __device__ __forceinline__ void expand4(const uint4& v, int s, float scale, uint32_t& lo, uint32_t& hi) {
@@ -428,20 +421,20 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const int32_t* __re
 
 }  // namespace
 
+// The argument list every tensor-core GEMM entry point takes (the launcher passes the same list to
+// all of them: crates/kernels-ffi/src/cuda/launch.rs, gemm_tc_launch), and its forwarding.
+#define DI_GEMM_TC_ARGS                                                                                     \
+    const __nv_bfloat16 *x, const int32_t *gather, uint32_t gather_div, const uint8_t *w, const uint8_t *s, \
+        __nv_bfloat16 *y, float *partial, DiGemmParams p, uint32_t split_k, const int4 *chunks,             \
+        const int32_t *num_chunks, uint64_t w_stride, uint64_t s_stride
+#define DI_GEMM_TC_PASS x, gather, gather_div, w, s, y, partial, p, split_k, chunks, num_chunks, w_stride, s_stride
+
 #define DI_GEMM_TC(MT)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp8_tc_m##MT(                          \
-        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
-        __nv_bfloat16* y, float* partial, DiGemmParams p, uint32_t split_k, const int4* chunks,             \
-        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
-        gemm_tc<MT, false>(x, gather, gather_div, w, s, y, partial, p, split_k, chunks, num_chunks, w_stride, \
-                           s_stride);                                                                       \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp8_tc_m##MT(DI_GEMM_TC_ARGS) {        \
+        gemm_tc<MT, false>(DI_GEMM_TC_PASS);                                                                \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp4_tc_m##MT(                          \
-        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
-        __nv_bfloat16* y, float* partial, DiGemmParams p, uint32_t split_k, const int4* chunks,             \
-        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
-        gemm_tc<MT, true>(x, gather, gather_div, w, s, y, partial, p, split_k, chunks, num_chunks, w_stride,  \
-                          s_stride);                                                                        \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) di_gemm_fp4_tc_m##MT(DI_GEMM_TC_ARGS) {        \
+        gemm_tc<MT, true>(DI_GEMM_TC_PASS);                                                                 \
     }
 
 DI_GEMM_TC(8)
@@ -464,13 +457,6 @@ constexpr int TLD = TBK + 8;  // shared row stride in bf16: 144 bytes, so ldmatr
 // tile_smem_bytes in crates/kernels-ffi/src/cuda/launch.rs.
 template <int BM, int BN> constexpr int tile_smem_bytes() { return 2 * (BM + BN) * TLD * 2; }
 static_assert(tile_smem_bytes<128, 128>() == 73728 && tile_smem_bytes<64, 256>() == 92160, "launch.rs tile_smem_bytes");
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 
 // Eight e2m1 codes (low nibble first) -> four bf16x2 words times a power-of-two scale (exact): the
 // magnitudes through a byte-permute table of their bf16 bytes, the sign bits moved to bit 15.
@@ -636,17 +622,16 @@ __device__ void gemm_tile(const __nv_bfloat16* __restrict__ x, const int32_t* __
 
 }  // namespace
 
+// The tiled kernels ignore `partial` and `split_k` (one split always).
 #define DI_GEMM_TILE(NAME, BM, BN)                                                                          \
-    extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8_##NAME(                                \
-        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
-        __nv_bfloat16* y, float* /*partial*/, DiGemmParams p, uint32_t /*split_k*/, const int4* chunks,     \
-        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8_##NAME(DI_GEMM_TC_ARGS) {              \
+        (void)partial;                                                                                      \
+        (void)split_k;                                                                                      \
         gemm_tile<false, BM, BN>(x, gather, gather_div, w, s, y, p, chunks, num_chunks, w_stride, s_stride); \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp4_##NAME(                                \
-        const __nv_bfloat16* x, const int32_t* gather, uint32_t gather_div, const uint8_t* w, const uint8_t* s, \
-        __nv_bfloat16* y, float* /*partial*/, DiGemmParams p, uint32_t /*split_k*/, const int4* chunks,     \
-        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp4_##NAME(DI_GEMM_TC_ARGS) {              \
+        (void)partial;                                                                                      \
+        (void)split_k;                                                                                      \
         gemm_tile<true, BM, BN>(x, gather, gather_div, w, s, y, p, chunks, num_chunks, w_stride, s_stride);  \
     }
 

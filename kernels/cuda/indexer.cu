@@ -12,27 +12,14 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "mma.cuh"
+
 namespace {
 
 constexpr int IH = 64;         // index heads
 constexpr int ID = 128;        // index head dimension
 constexpr int RT = 64;         // keys per scores block
 constexpr int ILD = ID + 8;    // shared row stride (bf16): 272 bytes, conflict-free ldmatrix
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Order-preserving map of a float's bits to an unsigned key (NaN as -inf, below everything).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -85,14 +72,14 @@ extern "C" __global__ void __launch_bounds__(256) di_indexer_scores(
     #pragma unroll
     for (int kk = 0; kk < ID; kk += 32) {
         uint32_t bb[4];  // keys 8w.. (k kk..kk+7, +8, +16, +24)
-        ldsm_x4(bb, ks + (warp * 8 + (lane % 8)) * ILD + kk + (lane / 8) * 8);
+        ldmatrix_x4(bb, ks + (warp * 8 + (lane % 8)) * ILD + kk + (lane / 8) * 8);
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
             #pragma unroll
             for (int mi = 0; mi < 4; ++mi) {
                 uint32_t a[4];
-                ldsm_x4(a, qs + (mi * 16 + (lane % 16)) * ILD + kk + half * 16 + (lane / 16) * 8);
-                mma(acc[mi], a, bb[2 * half], bb[2 * half + 1]);
+                ldmatrix_x4(a, qs + (mi * 16 + (lane % 16)) * ILD + kk + half * 16 + (lane / 16) * 8);
+                mma_bf16(acc[mi], a, bb[2 * half], bb[2 * half + 1]);
             }
         }
     }
