@@ -30,11 +30,7 @@ pub(crate) fn attention_decode(
 ) -> Result<()> {
     let s = stream.cuda_stream("attention_decode", "q")?;
     let be = backend(stream);
-    let f = be.function("attention", "di_attn_decode")?;
-    f.set_attribute(
-        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        ATTN_SMEM_BYTES as i32,
-    )?;
+    let f = be.function_with_smem("attention", "di_attn_decode", ATTN_SMEM_BYTES)?;
     let (splits, per) = decode_splits(shape);
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
     let pool_rows = u32::try_from(kv.len() / d)

@@ -16,6 +16,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Dynamic shared-memory limits raised so far, per function (`function_with_smem`).
+    smem_limits: Mutex<HashMap<String, u32>>,
     /// cuBLASLt handles (each with its 32 MiB workspace) per stream, made on first use.
     blas_lt: Mutex<Vec<(Arc<CudaStream>, Arc<cudarc::cublaslt::CudaBlasLT>)>>,
 }
@@ -34,6 +36,7 @@ impl CudaBackend {
             stream,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            smem_limits: Mutex::new(HashMap::new()),
             blas_lt: Mutex::new(Vec::new()),
         }))
     }
@@ -86,6 +89,27 @@ impl CudaBackend {
         };
         let f = m.load_function(name)?;
         lock(&self.functions).insert(key, f.clone());
+        Ok(f)
+    }
+}
+
+impl CudaBackend {
+    /// [`CudaBackend::function`] with the function's dynamic shared-memory limit raised to `bytes`
+    /// (past the 48 KiB default); the driver call happens once per function, not per launch.
+    pub fn function_with_smem(&self, module: &'static str, name: &str, bytes: u32) -> Result<CudaFunction> {
+        let f = self.function(module, name)?;
+        if bytes == 0 {
+            return Ok(f);
+        }
+        let key = format!("{module}::{name}");
+        let mut limits = lock(&self.smem_limits);
+        if limits.get(&key).is_none_or(|b| *b < bytes) {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )?;
+            limits.insert(key, bytes);
+        }
         Ok(f)
     }
 }

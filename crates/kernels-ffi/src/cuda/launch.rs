@@ -231,12 +231,13 @@ pub(crate) fn gemm_tc_launch(
     if grid_z > 65535 {
         return Err(crate::FfiError::shape("gemm", "m", format!("{} rows need more than 65535 row blocks", p.m)));
     }
-    let func = backend(stream).function("gemm", &format!("di_gemm_{f}_{}", tc_kernel_suffix(tile)))?;
+    let tiled = tile >= 64;
+    let smem = if tiled { tile_smem_bytes(tile) } else { 0 };
+    let func = backend(stream).function_with_smem("gemm", &format!("di_gemm_{f}_{}", tc_kernel_suffix(tile)), smem)?;
     let s = stream.cuda_stream("gemm", "x")?;
     // Activation quantisation once, into a copy, where many blocks would redo it (the tiled kernel
     // requires it; grouped GEMMs re-read every token's row); dense decode kernels round x in each
     // block, which costs less than a second launch for a few rows.
-    let tiled = tile >= 64;
     let prequantize = p.quantize_x != 0 && (tiled || matches!(jobs, TcJobs::Grouped { .. }));
     let quantized = if prequantize {
         let rows = (x.len() / p.k as usize) as u32;
@@ -256,15 +257,6 @@ pub(crate) fn gemm_tc_launch(
     };
     let p = &crate::params::GemmParams { quantize_x: if prequantize { 0 } else { p.quantize_x }, ..*p };
     let (splits, split_k) = if tiled { (1, p.k) } else { gemm_tc_split(p.n, p.k, live_jobs) };
-    let smem = if tiled {
-        func.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            tile_smem_bytes(tile) as i32,
-        )?;
-        tile_smem_bytes(tile)
-    } else {
-        0
-    };
     let grid_x = p.n.div_ceil(if tiled { tile_outputs(tile) } else { 128 });
     let cfg = LaunchConfig { grid_dim: (grid_x, splits, grid_z), block_dim: (256, 1, 1), shared_mem_bytes: smem };
     let mn = p.m as u64 * p.n as u64;
