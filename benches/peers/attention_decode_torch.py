@@ -10,14 +10,14 @@ events around batches of 20 calls, median of 20 batches after 2 warm-up batches.
 usage: attention_decode_torch.py OUT.json [--small]   (--small: tiny shapes on the CPU)
 """
 import json
-import statistics
 import sys
-import time
 import types
 
 import torch
 import transformers
 from transformers.models.deepseek_v4.modeling_deepseek_v4 import eager_attention_forward
+
+from timing import median_ms
 
 
 def main():
@@ -31,26 +31,13 @@ def main():
     for what, keys in cases:
         q = torch.randn(batch, heads, 1, d, device=device, dtype=torch.bfloat16) * 8
         kvs = [torch.randn(batch, 1, keys, d, device=device, dtype=torch.bfloat16) for _ in range(4)]
-        times = []
-        with torch.no_grad():
-            at = 0
-            for rep in range(22):
-                if device == "cuda":
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                t0 = time.perf_counter()
-                for _ in range(20):
-                    at = (at + 1) % len(kvs)
-                    o, _ = eager_attention_forward(module, q, kvs[at], kvs[at], None, d ** -0.5)
-                if device == "cuda":
-                    b.record()
-                    b.synchronize()
-                    ms = a.elapsed_time(b)
-                else:
-                    ms = (time.perf_counter() - t0) * 1e3
-                if rep >= 2:
-                    times.append(ms / 20)
-        ms = statistics.median(times)
+        at = [0]
+
+        def step():
+            at[0] = (at[0] + 1) % len(kvs)
+            eager_attention_forward(module, q, kvs[at[0]], kvs[at[0]], None, d ** -0.5)
+
+        ms = median_ms(step, device, batch=20, reps=22)
         print(f"torch attention_decode {what:<30} batch={batch} heads={heads} keys={keys:<5} median {ms:.4f} ms")
         results.append({"case": what, "batch": batch, "heads": heads, "head_dim": d, "keys": keys, "median_ms": ms})
     doc = {

@@ -8,14 +8,14 @@ per-expert loop, the module's default) and "grouped_mm" (torch._grouped_mm).
 usage: moe_layer_torch.py OUT.json [--small]   (--small: tiny shapes on the CPU, a smoke test)
 """
 import json
-import statistics
 import sys
-import time
 
 import torch
 import transformers
 from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
 from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4SparseMoeBlock
+
+from timing import median_ms
 
 
 def build(small, impl, device):
@@ -37,28 +37,16 @@ def time_block(block, cfg, tokens, device):
     inputs = max(2, min(32, 64 // min(tokens, 64)))
     xs = [torch.randn(1, tokens, d, device=device, dtype=torch.bfloat16) * 2 for _ in range(inputs)]
     batch = 3 if tokens >= 1024 else 20
-    times = []
     with torch.no_grad():
         for x in xs:
             block(x)
-        at = 0
-        for rep in range(12):
-            if device == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                at = (at + 1) % inputs
-                block(xs[at])
-            if device == "cuda":
-                b.record()
-                b.synchronize()
-                ms = a.elapsed_time(b)
-            else:
-                ms = (time.perf_counter() - t0) * 1e3
-            if rep >= 2:
-                times.append(ms / batch)
-    return statistics.median(times)
+    at = [0]
+
+    def step():
+        at[0] = (at[0] + 1) % inputs
+        block(xs[at[0]])
+
+    return median_ms(step, device, batch, reps=12)
 
 
 def main():
