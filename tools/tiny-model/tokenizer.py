@@ -23,7 +23,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers, Re
 
 BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
 USER, ASSISTANT, THINK_END = "<｜User｜>", "<｜Assistant｜>", "</think>"
-# DeepSeek-V4's control tokens (the vendored V4 tokenizer's added tokens, placeholders left out).
+# DeepSeek-V4's control tokens (the vendored V4 tokenizer's added tokens, without its reserved
+# "place▁holder▁no▁N" tokens, which no prompt format uses).
 CONTROL = [BOS, EOS, PAD, "<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>", USER, ASSISTANT, "<|EOT|>",
            "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
            "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
