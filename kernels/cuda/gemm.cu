@@ -666,3 +666,190 @@ extern "C" __global__ void di_gemm_splitk_reduce(const float* __restrict__ parti
     for (uint32_t s = 0; s < splits; ++s) v += partial[static_cast<size_t>(s) * mn + i];
     y[i] = __float2bfloat16_rn(v);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Decode GEMMs with FP8 weights and FP8 activations on the matrix units (m <= 16, k % 128 == 0,
+// n % 16 == 0, quantize_x): x is first quantised to e4m3 bytes with one power-of-two scale per
+// 1x128 block (di_quantize_x_e4m3: the official activation quantisation, so the products are the
+// ones the CPU reference forms), then mma.sync m16n8k32 multiplies raw e4m3 weights with raw e4m3
+// activations: no weight expansion at all, one instruction per 512 weights x 8 tokens. A block owns
+// 16 outputs (inside one 128-row scale block) and its 8 warps split k; each warp reads 16 rows x
+// 128 bytes a step (4 16-byte loads a lane, the next step's in flight while the current one
+// multiplies). The k order inside a 128-block is permuted identically for weights and activations
+// so each load instruction of a warp reads whole sectors (the sum does not depend on the order of
+// its terms' positions, only the fp32 additions differ). Per 128-block the fp32 partial is scaled by
+// the weight's and the token's scale; warps are summed in warp order (deterministic).
+namespace {
+
+// A 16-byte load of streamed weights: read once, so not kept in L1 (x, reused by every block, stays).
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+// A lane (g = lane / 4, t = lane % 4) holds bytes t*16..+16 and 64+t*16..+16 of the chunk for rows g
+// and g+8 (so each 16-byte load instruction of the warp covers 64 contiguous bytes of 8 rows: whole
+// sectors), and the same bytes of its token's x: the k positions are permuted identically on both
+// sides. PACKED: W in the decode layout (`ops::pack_fp8_decode`): per 16-row tile and 128-wide
+// chunk, the 2 KB a warp reads as four 512-byte runs (one per load instruction, lane by lane), so
+// every load instruction of a warp is contiguous and consecutive chunks are adjacent in memory.
+// D chunks of 128 k (16 rows of W each) in flight per warp: a register ring refilled as each chunk
+// is consumed. kw warps share a 16-row tile (k split among them); a block of 8 warps covers 8 / kw
+// tiles.
+template <int NT, int D, bool PACKED>
+__device__ void gemm_fp8q(const uint8_t* __restrict__ xq, const float* __restrict__ sx, const uint8_t* __restrict__ w,
+                          const uint8_t* __restrict__ ws, __nv_bfloat16* __restrict__ y, DiGemmParams p, uint32_t kw) {
+    __shared__ float red[8][NT * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t tiles_per_block = 8 / kw;
+    const uint32_t tile = blockIdx.x * tiles_per_block + warp / kw;
+    const uint32_t part = warp % kw;
+    const uint32_t n0 = tile * 16;
+    const uint32_t kc = p.k / 128;
+    const uint32_t per = (kc + kw - 1) / kw;
+    const uint32_t c0 = min(part * per, kc), c1 = (n0 < p.n) ? min(c0 + per, kc) : c0;
+    const uint32_t rg = min(n0 + g, p.n - 1), rh = min(n0 + g + 8, p.n - 1);
+    const uint8_t* wg = w + static_cast<size_t>(rg) * p.k + t * 16;
+    const uint8_t* wh = w + static_cast<size_t>(rh) * p.k + t * 16;
+    const uint8_t* wsc = ws + static_cast<size_t>(min(n0, p.n - 1) / 128) * kc;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    uint4 wb[D][4];
+    const uint4* wp = reinterpret_cast<const uint4*>(w + static_cast<size_t>(min(tile, p.n / 16 - 1)) * kc * 2048) + lane;
+    auto fetch = [&](int slot, uint32_t c) {
+        if constexpr (PACKED) {
+            const uint4* q = wp + static_cast<size_t>(c) * 128;  // 2 KB a chunk, in uint4
+            wb[slot][0] = ldg_stream(q);
+            wb[slot][1] = ldg_stream(q + 32);
+            wb[slot][2] = ldg_stream(q + 64);
+            wb[slot][3] = ldg_stream(q + 96);
+        } else {
+            const size_t o = static_cast<size_t>(c) * 128;
+            wb[slot][0] = ldg_stream(reinterpret_cast<const uint4*>(wg + o));
+            wb[slot][1] = ldg_stream(reinterpret_cast<const uint4*>(wg + o + 64));
+            wb[slot][2] = ldg_stream(reinterpret_cast<const uint4*>(wh + o));
+            wb[slot][3] = ldg_stream(reinterpret_cast<const uint4*>(wh + o + 64));
+        }
+    };
+#pragma unroll
+    for (int sl = 0; sl < D; ++sl)
+        if (c0 + sl < c1) fetch(sl, c0 + sl);
+    for (uint32_t cb = c0; cb < c1; cb += D) {
+#pragma unroll
+        for (int sl = 0; sl < D; ++sl) {
+            const uint32_t c = cb + sl;
+            if (c < c1) {
+            const uint32_t ag[8] = {wb[sl][0].x, wb[sl][0].y, wb[sl][0].z, wb[sl][0].w,
+                                    wb[sl][1].x, wb[sl][1].y, wb[sl][1].z, wb[sl][1].w};
+            const uint32_t ah[8] = {wb[sl][2].x, wb[sl][2].y, wb[sl][2].z, wb[sl][2].w,
+                                    wb[sl][3].x, wb[sl][3].y, wb[sl][3].z, wb[sl][3].w};
+            // The slot is free once its words are in registers: the chunk D ahead goes in flight.
+            if (c + D < c1) fetch(sl, c + D);
+            // x (every block reads the same bytes: L1 hits) for this chunk.
+            uint32_t bw[NT][8];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint32_t tok = nt * 8 + g;
+                uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+                if (tok < p.m) {
+                    const uint8_t* xp = xq + static_cast<size_t>(tok) * p.k + static_cast<size_t>(c) * 128 + t * 16;
+                    b0 = __ldg(reinterpret_cast<const uint4*>(xp));
+                    b1 = __ldg(reinterpret_cast<const uint4*>(xp + 64));
+                }
+                bw[nt][0] = b0.x; bw[nt][1] = b0.y; bw[nt][2] = b0.z; bw[nt][3] = b0.w;
+                bw[nt][4] = b1.x; bw[nt][5] = b1.y; bw[nt][6] = b1.z; bw[nt][7] = b1.w;
+            }
+            const float sw = e8m0(wsc[c]);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float pt[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const uint32_t a[4] = {ag[2 * j], ah[2 * j], ag[2 * j + 1], ah[2 * j + 1]};
+                    mma_e4m3(pt, a, bw[nt][2 * j], bw[nt][2 * j + 1]);
+                }
+                const uint32_t t0 = nt * 8 + 2 * t, t1 = t0 + 1;
+                const float s0 = t0 < p.m ? sw * sx[static_cast<size_t>(t0) * kc + c] : 0.f;
+                const float s1 = t1 < p.m ? sw * sx[static_cast<size_t>(t1) * kc + c] : 0.f;
+                acc[nt][0] = fmaf(pt[0], s0, acc[nt][0]);
+                acc[nt][1] = fmaf(pt[1], s1, acc[nt][1]);
+                acc[nt][2] = fmaf(pt[2], s0, acc[nt][2]);
+                acc[nt][3] = fmaf(pt[3], s1, acc[nt][3]);
+            }
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) red[warp][nt * 4 + j][lane] = acc[nt][j];
+    __syncthreads();
+    if (part != 0 || n0 >= p.n) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float v = 0.f;
+            for (uint32_t q = 0; q < kw; ++q) v += red[warp + q][nt * 4 + j][lane];
+            const uint32_t row = n0 + g + (j >= 2 ? 8 : 0);
+            const uint32_t tok = nt * 8 + 2 * t + (j & 1);
+            if (row < p.n && tok < p.m) y[static_cast<size_t>(tok) * p.n + row] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
+}  // namespace
+
+// xq[r, :] = x[r, :] / s as e4m3 bytes and sx[r, b] = s, s the power-of-two scale of each 1x128
+// block (the official activation quantisation). A warp per (row, block); k % 128 == 0.
+extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_bfloat16* __restrict__ x,
+                                                                    uint8_t* __restrict__ xq, float* __restrict__ sx,
+                                                                    uint32_t rows, uint32_t k) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t blocks = k / 128;
+    const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (c >= rows * blocks) return;
+    const size_t at = static_cast<size_t>(c / blocks) * k + (c % blocks) * 128 + lane * 4;
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
+    const float v[4] = {bf_lo(raw.x), bf_hi(raw.x), bf_lo(raw.y), bf_hi(raw.y)};
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+    const float s = pow2_scale(amax);
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3)) << (8 * i);
+    *reinterpret_cast<uint32_t*>(xq + at) = packed;
+    if (lane == 0) sx[c] = s;
+}
+
+// kw: warps per 16-row tile (1, 2, 4 or 8; the launcher picks it so each warp has about D chunks).
+extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_n8(const uint8_t* xq, const float* sx,
+                                                                    const uint8_t* w, const uint8_t* s,
+                                                                    __nv_bfloat16* y, DiGemmParams p, uint32_t kw) {
+    gemm_fp8q<1, 2, false>(xq, sx, w, s, y, p, kw);
+}
+extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_n16(const uint8_t* xq, const float* sx,
+                                                                     const uint8_t* w, const uint8_t* s,
+                                                                     __nv_bfloat16* y, DiGemmParams p, uint32_t kw) {
+    gemm_fp8q<2, 2, false>(xq, sx, w, s, y, p, kw);
+}
+// The same over W in the packed decode layout (n % 16 == 0, k % 128 == 0).
+extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_packed_n8(const uint8_t* xq, const float* sx,
+                                                                           const uint8_t* w, const uint8_t* s,
+                                                                           __nv_bfloat16* y, DiGemmParams p,
+                                                                           uint32_t kw) {
+    gemm_fp8q<1, 2, true>(xq, sx, w, s, y, p, kw);
+}
+extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_packed_n16(const uint8_t* xq, const float* sx,
+                                                                            const uint8_t* w, const uint8_t* s,
+                                                                            __nv_bfloat16* y, DiGemmParams p,
+                                                                            uint32_t kw) {
+    gemm_fp8q<2, 2, true>(xq, sx, w, s, y, p, kw);
+}

@@ -29,3 +29,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_b
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
+
+// c += a · b for one m16n8k32 tile of e4m3 values (sm_89+): a the 16x32 row-major fragment (4
+// registers of 4 bytes: rows g and g+8, k 4t..4t+3 and 16+4t..), b the 32x8 column-major fragment
+// (2 registers: column g, k 4t.. and 16+4t..), c fp32. Products of two e4m3 values are exact in fp32.
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}

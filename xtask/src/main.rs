@@ -23,7 +23,8 @@ commands:
   bindgen [--check]            regenerate kernels-ffi's parameter structs from kernels/include (--check: fail if stale)
   ci                           everything CI runs: fmt, bindgen --check, kernels --check, clippy, tests
   bench [--crate NAME]         run the criterion benchmarks (of one crate: kv, moe, scheduler, ...)
-  gpu-bundle                   kernels, release binary, GPU tests and benchmarks, and run.sh in target/gpu-bundle
+  gpu-bundle [--only A,B]      kernels, release binary, GPU tests and benchmarks, and run.sh in target/gpu-bundle
+                               (--only: just the gpu_* targets whose names contain A or B, no binary)
 ";
 
 fn main() -> Result<()> {
@@ -61,8 +62,8 @@ fn main() -> Result<()> {
             bench::run(flags.value("--crate"))
         }
         "gpu-bundle" => {
-            flags.only(&[])?;
-            gpu_bundle::run()
+            flags.only(&["--only"])?;
+            gpu_bundle::run(flags.value("--only").as_deref())
         }
         "help" | "--help" | "-h" => {
             print!("{USAGE}");

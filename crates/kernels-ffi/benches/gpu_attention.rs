@@ -142,6 +142,73 @@ fn main() {
         results.push(serde_json::json!({"op": "indexer_decode", "case": what, "batch": batch, "rows": rows_n, "k": 512,
             "bytes": bytes, "flops": flops, "median_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms}));
     }
+    // The compressors: decode (64 sequences, one token each, every one closing a window) and a
+    // 4096-token prefill chunk of one sequence; CSA (ratio 4, overlapping, 512 wide, KV QAT), the
+    // indexer's (ratio 4, overlapping, 128 wide) and HCA (ratio 128, 512 wide).
+    {
+        use deepinfer_kernels_ffi::compressor::{
+            compress, pack_seqs, CompressSeq, CompressShape, CompressState, PoolShape, RowQat,
+        };
+        for (name, ratio, width, overlap, qat) in [
+            ("CSA", 4usize, 512usize, true, RowQat::Fp8Blocks64),
+            ("indexer", 4, 128, true, RowQat::None),
+            ("HCA", 128, 512, false, RowQat::Fp8Blocks64),
+        ] {
+            let shape = PoolShape { ratio, width, overlap };
+            let cw = shape.token_width();
+            for (case, seqs_n, len) in [("decode", 64usize, 1usize), ("prefill", 1, 4096)] {
+                let tokens = seqs_n * len;
+                let seqs: Vec<CompressSeq> = (0..seqs_n)
+                    .map(|b| {
+                        let pos0 = if len == 1 { (1000 * ratio + ratio - 1) as i32 } else { 0 };
+                        CompressSeq { tok_start: (b * len) as i32, tok_count: len as i32, pos0, slot: b as i32 }
+                    })
+                    .collect();
+                let max_windows = seqs.iter().map(|q| q.closes(ratio)).max().unwrap();
+                let windows = seqs_n * max_windows;
+                let kv = s.upload(&rng.vec(tokens * cw)).unwrap();
+                let gate = s.upload(&rng.vec(tokens * cw)).unwrap();
+                let ape = s.upload(&rng.vec(ratio * cw)).unwrap();
+                let norm = s.upload(&vec![1.0f32; width]).unwrap();
+                let invf = s.upload(&[0.01f32; 32]).unwrap();
+                let seqb = s.upload(&pack_seqs(&seqs)).unwrap();
+                let rows = s.upload(&(0..windows as i32).collect::<Vec<_>>()).unwrap();
+                let mut state = CompressState::new(&s, seqs_n, shape).unwrap();
+                let mut pool = s.zeros::<bf16>(windows * width).unwrap();
+                let mut st = s.zeros::<i32>(1).unwrap();
+                let cs = CompressShape { pool: shape, rope_dim: 64, batch: seqs_n, max_windows, tokens };
+                let mut times = Vec::new();
+                for rep in 0..12 {
+                    let a = s.record_event().unwrap();
+                    for _ in 0..20 {
+                        compress(
+                            &s, &kv, &gate, &ape, &norm, &invf, &seqb, &rows, &mut state, &mut pool, &mut st, cs, qat,
+                            1e-6,
+                        )
+                        .unwrap();
+                    }
+                    let e = s.record_event().unwrap();
+                    if rep >= 2 {
+                        times.push(a.elapsed_ms(&e).unwrap() as f64 / 20.0);
+                    }
+                }
+                let ms = median(times);
+                // Inputs read once, ape, state (open buffer and prev read for decode), rows written.
+                let state_bytes =
+                    if len == 1 { seqs_n * ratio * (cw + if overlap { width } else { 0 }) * 4 * 2 } else { 0 };
+                let bytes = (tokens * cw * 4 * 2 + ratio * cw * 4 + state_bytes + windows * width * 2) as f64;
+                let floor_ms = bytes / BYTES_PER_S * 1e3;
+                println!(
+                    "compress {name:<8} {case:<8} seqs={seqs_n} tokens={tokens} windows={windows}  {:>7.2} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}",
+                    bytes / 1e6,
+                    floor_ms / ms
+                );
+                results.push(serde_json::json!({"op": "compress", "case": format!("{name} {case}"), "sequences": seqs_n,
+                    "tokens": tokens, "windows": windows, "ratio": ratio, "width": width, "bytes": bytes, "median_ms": ms,
+                    "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms}));
+            }
+        }
+    }
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
     let doc = serde_json::json!({
         "bench": "kernels-ffi gpu_attention",

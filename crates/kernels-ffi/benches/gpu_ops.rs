@@ -7,7 +7,7 @@
 //! 4.25 TB/s (the measured device-to-device copy rate of the H200).
 
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
-use deepinfer_kernels_ffi::{ops, Element, GemmParams, RmsNormParams, RopeConfig, RopeParams, Stream};
+use deepinfer_kernels_ffi::{ops, DeviceBuffer, Element, GemmParams, RmsNormParams, RopeConfig, RopeParams, Stream};
 use half::bf16;
 
 const FLOOR_BYTES_PER_S: f64 = 4.25e12;
@@ -127,6 +127,7 @@ const GEMM_STREAM_BYTES: usize = 256 << 20;
 
 /// One decode GEMM shape: our FP8 or FP4 kernel, then cuBLASLt bf16 on the same shape, each over
 /// rotating copies of the weight (so every launch reads HBM).
+#[allow(clippy::too_many_arguments)]
 fn gemm_case(
     s: &Stream,
     rng: &mut SplitMix,
@@ -135,18 +136,37 @@ fn gemm_case(
     m: u32,
     n: usize,
     k: usize,
+    packed: bool,
 ) -> serde_json::Value {
     let p = GemmParams::new(m, n as u32, k as u32, f == ops::WeightFormat::Fp8Block128);
+    // The packed decode layout (FP8 only): the same weights rearranged, through gemm_fp8_packed.
+    let run = |s: &Stream,
+               x: &DeviceBuffer<bf16>,
+               w: &DeviceBuffer<u8>,
+               sc: &DeviceBuffer<u8>,
+               y: &mut DeviceBuffer<bf16>| {
+        if packed {
+            ops::gemm_fp8_packed(s, x, w, sc, y, &p).unwrap()
+        } else {
+            ops::gemm_lowp(s, f, x, w, sc, y, &p).unwrap()
+        }
+    };
+    let kernel = if packed {
+        format!("di_gemm_fp8q_packed_n{}", if m <= 8 { 8 } else { 16 })
+    } else {
+        ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default()
+    };
     let (wb, sb) = f.bytes(n, k);
     let w: Vec<u8> = (0..wb).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(rng.next_u64())).collect();
     let sc: Vec<u8> = (0..sb).map(|_| 120 + (rng.next_u64() % 6) as u8).collect();
     let x: Vec<bf16> = to(&rng.vec(m as usize * k));
     let copies = GEMM_STREAM_BYTES.div_ceil(wb).max(2);
-    let ws: Vec<_> = (0..copies).map(|_| s.upload(&w).unwrap()).collect();
+    let wdev = if packed { ops::pack_fp8_decode(&w, n, k) } else { w.clone() };
+    let ws: Vec<_> = (0..copies).map(|_| s.upload(&wdev).unwrap()).collect();
     let scb = s.upload(&sc).unwrap();
     let xb = s.upload(&x).unwrap();
     let mut y = s.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap();
-    ops::gemm_lowp(s, f, &xb, &ws[0], &scb, &mut y, &p).unwrap();
+    run(s, &xb, &ws[0], &scb, &mut y);
     let got: Vec<f32> = s.download(&y).unwrap().iter().map(|v| v.to_f32()).collect();
     let mut want = vec![bf16::ZERO; m as usize * n];
     match f {
@@ -159,7 +179,7 @@ fn gemm_case(
     let mut i = 0;
     let ms = time_batched_ms(s, None, || {
         i += 1;
-        ops::gemm_lowp(s, f, &xb, &ws[i % copies], &scb, &mut y, &p).unwrap()
+        run(s, &xb, &ws[i % copies], &scb, &mut y)
     });
     let mut filler = (
         s.zeros::<f32>(16384 * 4096).unwrap(),
@@ -168,7 +188,7 @@ fn gemm_case(
     );
     let ms_queued = time_batched_ms(s, Some(&mut filler), || {
         i += 1;
-        ops::gemm_lowp(s, f, &xb, &ws[i % copies], &scb, &mut y, &p).unwrap()
+        run(s, &xb, &ws[i % copies], &scb, &mut y)
     });
     drop(filler);
     drop(ws);
@@ -186,7 +206,7 @@ fn gemm_case(
     let floor_bf16 = (2 * n * k) as f64 / GEMM_FLOOR_BYTES_PER_S * 1e3;
     println!(
         "gemm {what:<22} {:<20} {f:?} m={m:<2} n={n:<5} k={k:<5} {:>7.2} MB  median {ms:>7.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3} (GPU-queued {ms_queued:.4} ms, {:.3}) | cuBLASLt bf16 {ms_bf16:.4} ms (achieved/floor {:.3}) ours/cuBLASLt speed {:.2}x  rel_err {rel:.1e}",
-        ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(),
+        kernel,
         (wb + sb) as f64 / 1e6,
         floor_ms / ms,
         floor_ms / ms_queued,
@@ -194,7 +214,7 @@ fn gemm_case(
         ms_bf16 / ms
     );
     serde_json::json!({"op": "gemm_lowp", "weights": what, "format": format!("{f:?}"), "m": m, "n": n, "k": k,
-        "kernel": ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(),
+        "kernel": kernel, "packed": packed,
         "quantize_x": p.quantize_x != 0, "weight_and_scale_bytes": wb + sb, "median_ms": ms, "floor_ms": floor_ms,
         "achieved_over_floor": floor_ms / ms, "gpu_queued_ms": ms_queued, "gpu_queued_achieved_over_floor": floor_ms / ms_queued,
         "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_achieved_over_floor": floor_bf16 / ms_bf16,
@@ -253,15 +273,23 @@ fn main() {
     };
     let s = dev.default_stream();
     let mut rng = SplitMix(0x5eed);
-    let results = vec![
-        // 32768 x 4096 bf16: 256 MiB in + 256 MiB out, ~9x the L2.
-        rms_case::<bf16>(&s, &mut rng, 32768, 4096),
-        rms_case::<bf16>(&s, &mut rng, 16384, 7168),
-        rms_case::<f32>(&s, &mut rng, 16384, 4096),
-        // Decode-sized rows: latency-bound, reported for reference, not against the floor target.
-        rms_case::<bf16>(&s, &mut rng, 64, 4096),
-        rope_case(&s, &mut rng, 8192),
-    ];
+    // DEEPINFER_BENCH_ONLY=TEXT runs only the GEMM cases whose label ("gemm attn.wo_b m=1",
+    // "prefill attn.wq_b") contains TEXT (for profiling one kernel under ncu).
+    let only = std::env::var("DEEPINFER_BENCH_ONLY").ok();
+    let wanted = |label: &str| only.as_deref().is_none_or(|o| label.contains(o));
+    let results = if only.is_some() {
+        Vec::new()
+    } else {
+        vec![
+            // 32768 x 4096 bf16: 256 MiB in + 256 MiB out, ~9x the L2.
+            rms_case::<bf16>(&s, &mut rng, 32768, 4096),
+            rms_case::<bf16>(&s, &mut rng, 16384, 7168),
+            rms_case::<f32>(&s, &mut rng, 16384, 4096),
+            // Decode-sized rows: latency-bound, reported for reference, not against the floor target.
+            rms_case::<bf16>(&s, &mut rng, 64, 4096),
+            rope_case(&s, &mut rng, 8192),
+        ]
+    };
     let mut results = results;
     // V4-Flash decode GEMMs: FP8 dense projections and FP4 routed experts (MODEL_V4.md §1).
     use ops::WeightFormat::{Fp4Row32, Fp8Block128};
@@ -275,11 +303,24 @@ fn main() {
     ];
     for m in [1u32, 4, 16] {
         for (f, what, n, k) in shapes {
-            results.push(gemm_case(&s, &mut rng, f, what, m, n, k));
+            if !wanted(&format!("gemm {what} m={m}")) {
+                continue;
+            }
+            results.push(gemm_case(&s, &mut rng, f, what, m, n, k, false));
+            if f == Fp8Block128 {
+                // The packed decode layout, and the earlier kernels (bf16 expansion of the weights).
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, true));
+                ops::set_fp8_mma_decode(false);
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, false));
+                ops::set_fp8_mma_decode(true);
+            }
         }
     }
     // Prefill-shaped FP8 GEMMs (4096 tokens).
     for (what, n, k) in [("attn.wq_b", 32768, 1024), ("attn.wo_b", 4096, 8192), ("shared_experts.w1", 2048, 4096)] {
+        if !wanted(&format!("prefill {what}")) {
+            continue;
+        }
         results.push(prefill_case(&s, &mut rng, what, 4096, n, k));
     }
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod attention;
+pub mod compressor;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -28,6 +29,7 @@ mod device;
 mod element;
 mod embedded;
 mod error;
+pub mod hc;
 pub mod indexer;
 pub mod moe;
 pub mod ops;
@@ -35,6 +37,7 @@ pub mod params;
 pub mod quant;
 pub mod report;
 pub mod rope;
+pub mod sampling;
 pub mod testing;
 
 pub use device::{Device, DeviceBuffer, DeviceKind, Event, Stream};

@@ -198,11 +198,120 @@ pub fn gemm_lowp(
     }
 }
 
+/// FP8 weights [n, k] (n % 16 == 0, k % 128 == 0) rearranged into the decode layout of
+/// [`gemm_fp8_packed`]: per 16-row tile and 128-wide chunk of k, the 2 KB one warp of the decode
+/// kernel reads, as four 512-byte runs, one per load instruction: run j, lane g·4 + t holds the 16
+/// bytes of row g (j < 2) or g + 8 (j >= 2) at (j % 2)·64 + t·16 within the chunk. Done once when
+/// weights load; the scales are unchanged.
+pub fn pack_fp8_decode(w: &[u8], n: usize, k: usize) -> Vec<u8> {
+    assert!(n.is_multiple_of(16) && k.is_multiple_of(128) && w.len() == n * k, "pack_fp8_decode: n {n}, k {k}");
+    let mut out = vec![0u8; n * k];
+    let mut o = 0;
+    for tile in 0..n / 16 {
+        for c in 0..k / 128 {
+            for j in 0..4 {
+                for lane in 0..32 {
+                    let at = decode_pack_source(tile, c, j, lane, k);
+                    out[o..o + 16].copy_from_slice(&w[at..at + 16]);
+                    o += 16;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Where in the row-major weights the 16 bytes of run j, lane `lane` of chunk c of a tile come from.
+fn decode_pack_source(tile: usize, c: usize, j: usize, lane: usize, k: usize) -> usize {
+    let (g, t) = (lane / 4, lane % 4);
+    let row = tile * 16 + g + if j >= 2 { 8 } else { 0 };
+    row * k + c * 128 + (j % 2) * 64 + t * 16
+}
+
+/// The inverse of [`pack_fp8_decode`].
+pub fn unpack_fp8_decode(packed: &[u8], n: usize, k: usize) -> Vec<u8> {
+    assert!(n.is_multiple_of(16) && k.is_multiple_of(128) && packed.len() == n * k, "unpack_fp8_decode: n {n}, k {k}");
+    let mut w = vec![0u8; n * k];
+    let mut o = 0;
+    for tile in 0..n / 16 {
+        for c in 0..k / 128 {
+            for j in 0..4 {
+                for lane in 0..32 {
+                    let at = decode_pack_source(tile, c, j, lane, k);
+                    w[at..at + 16].copy_from_slice(&packed[o..o + 16]);
+                    o += 16;
+                }
+            }
+        }
+    }
+    w
+}
+
+/// y[m, n] = Σ_k q(x)[m, k]·W[n, k] for FP8 weights in the decode layout ([`pack_fp8_decode`]) with
+/// the official activation quantisation (x rounded to e4m3 per 1x128 block): the one-to-sixteen
+/// token GEMM of decode, each warp streaming contiguous 2 KB pieces of W. m in 1..=16, n % 16 == 0,
+/// k % 128 == 0; scales as for [`gemm_lowp`].
+pub fn gemm_fp8_packed(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &GemmParams,
+) -> Result<()> {
+    const OP: &str = "gemm_fp8_packed";
+    if !(1..=GEMM_DECODE_MAX_M).contains(&p.m) {
+        return Err(FfiError::shape(OP, "m", format!("{} is not in 1..={GEMM_DECODE_MAX_M}", p.m)));
+    }
+    if p.n == 0 || !p.n.is_multiple_of(16) || p.k == 0 || !p.k.is_multiple_of(128) {
+        return Err(FfiError::shape(OP, "k", format!("n {} must be a multiple of 16 and k {} of 128", p.n, p.k)));
+    }
+    if p.quantize_x == 0 {
+        return Err(FfiError::shape(OP, "quantize_x", "the packed decode GEMM always quantises x to FP8"));
+    }
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let (wb, sb) = WeightFormat::Fp8Block128.bytes(n, k);
+    check_len(OP, "x", x, m * k)?;
+    check_len(OP, "w", w, wb)?;
+    check_len(OP, "scale", scale, sb)?;
+    check_len(OP, "y", y, m * n)?;
+    stream.check_on(OP, "x", x)?;
+    stream.check_on(OP, "w", w)?;
+    stream.check_on(OP, "scale", scale)?;
+    stream.check_on(OP, "y", y)?;
+    match (&x.storage, &w.storage, &scale.storage, &mut y.storage) {
+        (Storage::Host(x), Storage::Host(w), Storage::Host(s), Storage::Host(y)) => {
+            cpu::gemm_fp8(x, &unpack_fp8_decode(&w[..wb], n, k), s, y, p);
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(_), Storage::Cuda(_), Storage::Cuda(_), Storage::Cuda(_)) => {
+            crate::cuda::launch::gemm_fp8q_launch(stream, x, w, scale, y, p, true)
+        }
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified every buffer is on the stream's device"),
+    }
+}
+
+static FP8_MMA_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether FP8 GEMMs with activation quantisation and m <= 16 use the FP8 x FP8 matrix-unit
+/// decode kernel on CUDA (the default) or the earlier kernels (bf16 expansion of the weights): a
+/// process-wide switch for A/B benchmarks; results agree within the GEMM tolerance either way.
+pub fn set_fp8_mma_decode(on: bool) {
+    FP8_MMA_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_fp8_mma_decode`] sets.
+pub fn fp8_mma_decode() -> bool {
+    FP8_MMA_DECODE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The CUDA entry point `gemm_lowp` launches for this shape; `None` without the CUDA backend.
 pub fn gemm_lowp_cuda_kernel(format: WeightFormat, p: &GemmParams) -> Option<String> {
     #[cfg(feature = "cuda")]
     {
-        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.k, p.quantize_x != 0).0)
+        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.n, p.k, p.quantize_x != 0).0)
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -283,6 +392,27 @@ mod tests {
         assert!(e(GemmParams::new(17, 4, 64, false), WeightFormat::Fp4Row32).contains("`m`"));
         assert!(e(GemmParams::new(2, 4, 64, false), WeightFormat::Fp8Block128).contains("`x`"));
         gemm_lowp(&s, WeightFormat::Fp8Block128, &x, &w, &sc, &mut y, &GemmParams::new(1, 4, 64, false)).unwrap();
+    }
+
+    #[test]
+    fn packed_fp8_weights_round_trip_and_multiply_like_the_plain_ones() {
+        let (n, k) = (32usize, 256usize);
+        let w: Vec<u8> = (0..n * k).map(|i| crate::quant::random_e4m3(i as u64 * 7919)).collect();
+        let packed = pack_fp8_decode(&w, n, k);
+        assert_ne!(packed, w);
+        assert_eq!(unpack_fp8_decode(&packed, n, k), w);
+        let s = Device::cpu().default_stream();
+        let x =
+            s.upload(&(0..2 * k).map(|i| half::bf16::from_f32((i as f32 * 0.37).sin())).collect::<Vec<_>>()).unwrap();
+        let sc = s.upload(&vec![127u8; (n / 128 + 1) * (k / 128)]).unwrap();
+        let p = GemmParams::new(2, n as u32, k as u32, true);
+        let (mut a, mut b) = (s.zeros::<half::bf16>(2 * n).unwrap(), s.zeros::<half::bf16>(2 * n).unwrap());
+        gemm_lowp(&s, WeightFormat::Fp8Block128, &x, &s.upload(&w).unwrap(), &sc, &mut a, &p).unwrap();
+        gemm_fp8_packed(&s, &x, &s.upload(&packed).unwrap(), &sc, &mut b, &p).unwrap();
+        assert_eq!(s.download(&a).unwrap(), s.download(&b).unwrap());
+        let e =
+            gemm_fp8_packed(&s, &x, &s.upload(&packed).unwrap(), &sc, &mut b, &GemmParams::new(2, 24, k as u32, true));
+        assert!(e.unwrap_err().to_string().contains("`k`"));
     }
 
     #[test]

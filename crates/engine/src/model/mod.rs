@@ -20,7 +20,7 @@ use thiserror::Error;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{AttentionKind, ConfigError, ExpertDtype, ModelConfig};
 use attention::{Attention, AttentionState, Indexer, LayerCtx};
-use compressor::Compressor;
+pub use compressor::{Compressor, CompressorState, RowFinish};
 use linear::rms_norm_rows;
 pub use linear::Linear;
 use mhc::{HcHead, HcParams, HcShape};

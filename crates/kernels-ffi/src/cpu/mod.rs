@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod compressor;
 mod gemm;
+pub mod hc;
 pub mod indexer;
 pub mod moe;
 mod norm;

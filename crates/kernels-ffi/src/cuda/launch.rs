@@ -119,11 +119,33 @@ pub(crate) fn uses_tensor_cores(format: crate::ops::WeightFormat, m: u32, k: u32
     (m >= 2 || fp4_quant) && k.is_multiple_of(128)
 }
 
+/// Whether a dense GEMM runs on the FP8 x FP8 decode kernel (`di_gemm_fp8q_n{8,16}`): FP8 weights
+/// with activation quantisation, m <= 16, k % 128 == 0, n % 16 == 0, unless switched off by
+/// [`crate::ops::set_fp8_mma_decode`].
+pub(crate) fn uses_fp8_mma_decode(format: crate::ops::WeightFormat, m: u32, n: u32, k: u32, quantize: bool) -> bool {
+    format == crate::ops::WeightFormat::Fp8Block128
+        && quantize
+        && (1..=16).contains(&m)
+        && k.is_multiple_of(128)
+        && n.is_multiple_of(16)
+        && crate::ops::fp8_mma_decode()
+}
+
 /// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: the
+/// FP8 x FP8 decode kernel where it applies (`uses_fp8_mma_decode`), else the
 /// tensor-core kernel (16 outputs a warp, 8 warps, k split across blocks for narrow outputs) from 2
 /// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128, else the
 /// CUDA-core kernel (a row a warp) with the smallest batch tile that holds `m` (m <= 16).
-pub(crate) fn gemm_lowp_kernel(format: crate::ops::WeightFormat, m: u32, k: u32, quantize: bool) -> (String, u32) {
+pub(crate) fn gemm_lowp_kernel(
+    format: crate::ops::WeightFormat,
+    m: u32,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> (String, u32) {
+    if uses_fp8_mma_decode(format, m, n, k, quantize) {
+        return (format!("di_gemm_fp8q_n{}", if m <= 8 { 8 } else { 16 }), 16);
+    }
     let f = match format {
         crate::ops::WeightFormat::Fp8Block128 => "fp8",
         crate::ops::WeightFormat::Fp4Row32 => "fp4",
@@ -310,6 +332,63 @@ pub(crate) fn gemm_tc_launch(
     Ok(())
 }
 
+/// Warps sharing one 16-row tile of the FP8 x FP8 decode kernel: 8 (a whole block), fewer only
+/// when k has fewer than 8 chunks of 128. More warps beat deeper per-warp prefetch on the H200:
+/// four chunks in flight a warp with fewer warps a tile measured 0.44-0.47 of the bandwidth floor
+/// against 0.48-0.50 for this (benches/results/2026-11-30-gemm-decode/fp8-mma).
+pub(crate) fn fp8q_warps_per_tile(_m: u32, k: u32) -> u32 {
+    let kw = (k / 128).clamp(1, 8);
+    // A power of two (8 / kw tiles a block).
+    1 << (31 - kw.leading_zeros())
+}
+
+/// The FP8 x FP8 decode GEMM: x quantised to e4m3 bytes and 1x128 scales, then a block per 16
+/// outputs (8 warps splitting k). The caller checked x [m, k], w [n, k], scale and y [m, n].
+pub(crate) fn gemm_fp8q_launch(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+    packed: bool,
+) -> Result<()> {
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    let be = backend(stream);
+    let (m, k) = (p.m as usize, p.k as usize);
+    // SAFETY: uninitialised; di_quantize_x_e4m3 writes every byte of m * k and every scale of
+    // m * k / 128 before the GEMM (same stream) reads them.
+    let mut xq = unsafe { s.alloc::<u8>(m * k) }?;
+    let mut sx = unsafe { s.alloc::<f32>(m * k / 128) }?;
+    let blocks = p.m * (p.k / 128);
+    let q = be.function("gemm", "di_quantize_x_e4m3")?;
+    let qc = LaunchConfig { grid_dim: (blocks.div_ceil(8), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: di_quantize_x_e4m3 takes (x, xq, sx, rows, k); x holds m * k bf16, xq m * k bytes, sx
+    // m * k / 128 floats; k % 128 == 0; warps past rows * k / 128 return.
+    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xq).arg(&mut sx).arg(&p.m).arg(&p.k).launch(qc) }?;
+    let name = format!("di_gemm_fp8q_{}n{}", if packed { "packed_" } else { "" }, if p.m <= 8 { 8 } else { 16 });
+    let f = be.function("gemm", &name)?;
+    let kw = fp8q_warps_per_tile(p.m, p.k);
+    let tiles = p.n / 16;
+    let cfg = LaunchConfig { grid_dim: (tiles.div_ceil(8 / kw), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: di_gemm_fp8q_n{8,16} take (xq, sx, w, scale, y, params, kw); m <= 8 or 16 as named,
+    // n % 16 == 0 (16 outputs a tile, 8 / kw tiles a block; tiles past n do nothing), k % 128 == 0,
+    // kw in {1, 2, 4, 8}; w [n, k] bytes, scale [n / 128, k / 128], y [m, n] were checked by the op;
+    // rows and tokens past n and m are not written.
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&xq)
+            .arg(&sx)
+            .arg(w.cuda())
+            .arg(scale.cuda())
+            .arg(y.cuda_mut())
+            .arg(p)
+            .arg(&kw)
+            .launch(cfg)
+    }?;
+    Ok(())
+}
+
 pub(crate) fn gemm_lowp(
     stream: &Stream,
     format: crate::ops::WeightFormat,
@@ -319,10 +398,13 @@ pub(crate) fn gemm_lowp(
     y: &mut DeviceBuffer<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
+    if uses_fp8_mma_decode(format, p.m, p.n, p.k, p.quantize_x != 0) {
+        return gemm_fp8q_launch(stream, x, w, scale, y, p, false);
+    }
     if uses_tensor_cores(format, p.m, p.k, p.quantize_x != 0) {
         return gemm_tc_launch(stream, format, x, None, w, scale, y, p, TcJobs::Dense);
     }
-    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.k, p.quantize_x != 0);
+    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.n, p.k, p.quantize_x != 0);
     if let Some(rows_per_warp) = flat_gemv_rows(format, p.m, p.n, p.k) {
         let f = backend(stream).function("gemm", &name)?;
         let s = stream.cuda_stream("gemm_lowp", "x")?;
@@ -406,7 +488,11 @@ mod tests {
             for m in [1u32, 2, 8, 9, 16, 17, 32, 33, 100, 4096] {
                 for k in [64u32, 128, 4096] {
                     for q in [false, true] {
-                        let (name, _) = gemm_lowp_kernel(f, m, k, q);
+                        let (name, _) = gemm_lowp_kernel(f, m, 4096, k, q);
+                        if uses_fp8_mma_decode(f, m, 4096, k, q) {
+                            assert!(name.starts_with("di_gemm_fp8q_n") && m <= 16 && q, "{name}");
+                            continue;
+                        }
                         let tc = name.contains("_tc_m") || name.ends_with("_tile128");
                         assert_eq!(
                             name.starts_with("di_gemv_fp8_flat"),
@@ -417,6 +503,21 @@ mod tests {
                         assert_eq!(name.ends_with("_tile128"), tc && m > 32, "{name} m={m}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8q_tiles_take_up_to_eight_warps() {
+        assert_eq!(fp8q_warps_per_tile(1, 8192), 8);
+        assert_eq!(fp8q_warps_per_tile(1, 1024), 8);
+        assert_eq!(fp8q_warps_per_tile(16, 512), 4);
+        assert_eq!(fp8q_warps_per_tile(1, 128), 1);
+        assert_eq!(fp8q_warps_per_tile(1, 3 * 128), 2);
+        for m in [1u32, 9] {
+            for k in (128..=16384).step_by(128) {
+                let kw = fp8q_warps_per_tile(m, k);
+                assert!(kw.is_power_of_two() && kw <= 8, "m {m} k {k}: {kw}");
             }
         }
     }

@@ -4,9 +4,12 @@
 
 pub(crate) mod attention;
 mod backend;
+pub(crate) mod compressor;
+pub(crate) mod hc;
 pub(crate) mod indexer;
 pub(crate) mod launch;
 pub(crate) mod libraries;
 pub(crate) mod moe;
+pub(crate) mod sampling;
 
 pub use backend::CudaBackend;

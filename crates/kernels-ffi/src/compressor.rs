@@ -1,0 +1,372 @@
+//! The KV compressors on a stream (MODEL_V4.md §6; issue #8): the projections of a batch of new
+//! tokens (values and gates, from the GEMMs) become one compressed row per window they close,
+//! pooled, normalised, rotated at the window's first position, optionally FP8-rounded (the
+//! official KV QAT), and written as bf16 into a paged pool at the rows the caller's block tables
+//! give. Chunks need not align with windows: per sequence a state slot carries the open window's
+//! tokens and, for the overlapping compressors (CSA, indexer), the last closed window's first-half
+//! series. The CUDA kernels are `kernels/cuda/compressor.cu`; the CPU path below runs the same
+//! state logic over `crate::cpu::compressor::pool_window` (the definition), and the engine's tests
+//! check both against the CPU model's `Compressor::absorb`.
+
+use half::bf16;
+
+pub use crate::cpu::compressor::PoolShape;
+use crate::device::{DeviceBuffer, Stream};
+use crate::error::FfiError;
+use crate::ops::check_len;
+use crate::{DeviceKind, Result};
+
+/// How an emitted row is finished after pooling, RMSNorm and the compress rope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowQat {
+    /// Rows stay as computed (then rounded to bf16).
+    None,
+    /// FP8 round trip of the channels before the rope tail, in blocks of 64 with power-of-two
+    /// scales (the official KV QAT of attention compressors).
+    Fp8Blocks64,
+}
+
+/// One compressor call's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressShape {
+    pub pool: PoolShape,
+    /// Channels at the end of a row the compress rope rotates (even, <= width).
+    pub rope_dim: usize,
+    /// Sequences in the call.
+    pub batch: usize,
+    /// Most windows one sequence may close in the call (columns of `out_rows`).
+    pub max_windows: usize,
+    /// Rows of `kv` / `gate` (all sequences' new tokens).
+    pub tokens: usize,
+}
+
+/// Per-sequence compressor state for `slots` sequences: the open window's tokens and, when
+/// overlapping, the last closed window's Ca values and gates (ape added). Zeroed at creation; a
+/// sequence starting at position 0 needs nothing else.
+pub struct CompressState {
+    pub slots: usize,
+    pub shape: PoolShape,
+    pub open_kv: DeviceBuffer<f32>,
+    pub open_gate: DeviceBuffer<f32>,
+    pub prev_kv: DeviceBuffer<f32>,
+    pub prev_gate: DeviceBuffer<f32>,
+}
+
+impl CompressState {
+    pub fn new(stream: &Stream, slots: usize, shape: PoolShape) -> Result<Self> {
+        let open = slots * shape.ratio * shape.token_width();
+        let prev = if shape.overlap { slots * shape.ratio * shape.width } else { 0 };
+        Ok(CompressState {
+            slots,
+            shape,
+            open_kv: stream.zeros(open.max(1))?,
+            open_gate: stream.zeros(open.max(1))?,
+            prev_kv: stream.zeros(prev.max(1))?,
+            prev_gate: stream.zeros(prev.max(1))?,
+        })
+    }
+}
+
+/// Per-sequence descriptor of a call: where its new tokens are, where they start, its state slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressSeq {
+    /// First row of its tokens in `kv` / `gate`.
+    pub tok_start: i32,
+    pub tok_count: i32,
+    /// Absolute position of its first new token.
+    pub pos0: i32,
+    pub slot: i32,
+}
+
+impl CompressSeq {
+    /// Windows this call closes for the sequence, for a compressor of `ratio`.
+    pub fn closes(&self, ratio: usize) -> usize {
+        let r = ratio as i32;
+        ((self.pos0 + self.tok_count) / r - self.pos0 / r).max(0) as usize
+    }
+}
+
+/// Packs descriptors as the kernels read them ([B, 4] i32).
+pub fn pack_seqs(seqs: &[CompressSeq]) -> Vec<i32> {
+    seqs.iter().flat_map(|s| [s.tok_start, s.tok_count, s.pos0, s.slot]).collect()
+}
+
+/// Absorb a batch of new tokens: kv, gate [tokens, token_width] f32; ape [ratio, token_width];
+/// norm [width]; inv_freq [rope_dim / 2]; seqs [batch, 4] (`pack_seqs`); out_rows [batch,
+/// max_windows]: the pool row of each window a sequence closes, in order, -1 for a window whose
+/// row is already cached (it only rebuilds the state); pool [rows, width] bf16. status[0]: 1 = a
+/// descriptor out of range (that sequence is skipped), 2 = a pool row out of range (not written).
+#[allow(clippy::too_many_arguments)]
+pub fn compress(
+    stream: &Stream,
+    kv: &DeviceBuffer<f32>,
+    gate: &DeviceBuffer<f32>,
+    ape: &DeviceBuffer<f32>,
+    norm: &DeviceBuffer<f32>,
+    inv_freq: &DeviceBuffer<f32>,
+    seqs: &DeviceBuffer<i32>,
+    out_rows: &DeviceBuffer<i32>,
+    state: &mut CompressState,
+    pool: &mut DeviceBuffer<bf16>,
+    status: &mut DeviceBuffer<i32>,
+    shape: CompressShape,
+    qat: RowQat,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "compress";
+    let p = shape.pool;
+    if p.ratio == 0 || p.width == 0 {
+        return Err(FfiError::shape(OP, "pool", format!("ratio {} and width {} must be positive", p.ratio, p.width)));
+    }
+    if p.width > 1024 {
+        return Err(FfiError::shape(OP, "width", format!("{} is more than 1024", p.width)));
+    }
+    if !shape.rope_dim.is_multiple_of(2) || shape.rope_dim > p.width {
+        return Err(FfiError::shape(
+            OP,
+            "rope_dim",
+            format!("{} must be even and at most width {}", shape.rope_dim, p.width),
+        ));
+    }
+    if state.shape != p {
+        return Err(FfiError::shape(OP, "state", format!("made for {:?}, the call is {:?}", state.shape, p)));
+    }
+    if !eps.is_finite() || eps < 0.0 {
+        return Err(FfiError::shape(OP, "eps", format!("{eps} must be finite and non-negative")));
+    }
+    let cw = p.token_width();
+    check_len(OP, "kv", kv, shape.tokens * cw)?;
+    check_len(OP, "gate", gate, shape.tokens * cw)?;
+    check_len(OP, "ape", ape, p.ratio * cw)?;
+    check_len(OP, "norm", norm, p.width)?;
+    check_len(OP, "inv_freq", inv_freq, shape.rope_dim / 2)?;
+    check_len(OP, "seqs", seqs, shape.batch * 4)?;
+    check_len(OP, "out_rows", out_rows, shape.batch * shape.max_windows)?;
+    check_len(OP, "status", status, 1)?;
+    if !pool.len().is_multiple_of(p.width) {
+        return Err(FfiError::shape(OP, "pool", format!("{} elements are not whole rows of {}", pool.len(), p.width)));
+    }
+    for (f, b) in [("kv", kv), ("gate", gate), ("ape", ape), ("norm", norm), ("inv_freq", inv_freq)] {
+        stream.check_on(OP, f, b)?;
+    }
+    stream.check_on(OP, "seqs", seqs)?;
+    stream.check_on(OP, "out_rows", out_rows)?;
+    stream.check_on(OP, "state", &state.open_kv)?;
+    stream.check_on(OP, "pool", pool)?;
+    stream.check_on(OP, "status", status)?;
+    stream.fill_zero(status)?;
+    if shape.batch == 0 {
+        return Ok(());
+    }
+    if stream.device().kind() == DeviceKind::Cpu {
+        let st = host::compress(
+            host::Inputs {
+                kv: kv.host(),
+                gate: gate.host(),
+                ape: ape.host(),
+                norm: norm.host(),
+                inv_freq: inv_freq.host(),
+                seqs: seqs.host(),
+                out_rows: out_rows.host(),
+            },
+            state,
+            pool.host_mut(),
+            shape,
+            qat,
+            eps,
+        );
+        status.host_mut()[0] = st;
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::compressor::compress(
+            stream, kv, gate, ape, norm, inv_freq, seqs, out_rows, state, pool, status, shape, qat, eps,
+        )
+    }
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// The CPU path: the kernels' state logic over host slices.
+mod host {
+    use half::bf16;
+
+    use super::{CompressShape, CompressState, RowQat};
+    use crate::cpu::compressor::pool_window;
+
+    pub(super) struct Inputs<'a> {
+        pub kv: &'a [f32],
+        pub gate: &'a [f32],
+        pub ape: &'a [f32],
+        pub norm: &'a [f32],
+        pub inv_freq: &'a [f32],
+        pub seqs: &'a [i32],
+        pub out_rows: &'a [i32],
+    }
+
+    /// (values, gates + ape) [ratio, token_width] of window w of a sequence, read from the new
+    /// tokens and the open buffer (every position of the window is >= the open start).
+    fn window(x: &Inputs, st: &CompressState, s: [i32; 4], w: i32, cw: usize) -> (Vec<f32>, Vec<f32>) {
+        let r = st.shape.ratio as i32;
+        let [tok_start, _, pos0, slot] = s;
+        let open_start = (pos0 / r) * r;
+        let (mut v, mut g) = (Vec::with_capacity(r as usize * cw), Vec::with_capacity(r as usize * cw));
+        for t in 0..r {
+            let p = w * r + t;
+            let (vs, gs) = if p >= pos0 {
+                let o = (tok_start + p - pos0) as usize * cw;
+                (&x.kv[o..o + cw], &x.gate[o..o + cw])
+            } else {
+                let o = (slot as usize * r as usize + (p - open_start) as usize) * cw;
+                (&st.open_kv.host()[o..o + cw], &st.open_gate.host()[o..o + cw])
+            };
+            v.extend_from_slice(vs);
+            g.extend(gs.iter().zip(&x.ape[t as usize * cw..(t as usize + 1) * cw]).map(|(a, b)| a + b));
+        }
+        (v, g)
+    }
+
+    pub(super) fn compress(
+        x: Inputs,
+        st: &mut CompressState,
+        pool: &mut [bf16],
+        shape: CompressShape,
+        qat: RowQat,
+        eps: f32,
+    ) -> i32 {
+        let p = shape.pool;
+        let (r, w, cw) = (p.ratio as i32, p.width, p.token_width());
+        let pool_rows = pool.len() / w;
+        let mut status = 0;
+        for b in 0..shape.batch {
+            let s: [i32; 4] = x.seqs[4 * b..4 * b + 4].try_into().expect("four fields");
+            let [tok_start, count, pos0, slot] = s;
+            let ok = tok_start >= 0
+                && count >= 0
+                && pos0 >= 0
+                && slot >= 0
+                && (slot as usize) < st.slots
+                && tok_start as usize + count as usize <= shape.tokens;
+            if !ok {
+                status |= 1;
+                continue;
+            }
+            let (first, closed_end) = (pos0 / r, (pos0 + count) / r);
+            let mut prev: Option<(Vec<f32>, Vec<f32>)> = None;
+            if p.overlap && first >= 1 {
+                let o = slot as usize * r as usize * w;
+                let n = r as usize * w;
+                prev = Some((st.prev_kv.host()[o..o + n].to_vec(), st.prev_gate.host()[o..o + n].to_vec()));
+            }
+            for (j, win) in (first..closed_end).enumerate() {
+                let (v, g) = window(&x, st, s, win, cw);
+                let dst = if j < shape.max_windows { x.out_rows[b * shape.max_windows + j] } else { -1 };
+                if dst >= 0 && dst as usize >= pool_rows {
+                    status |= 2;
+                } else if dst >= 0 {
+                    let mut row = pool_window(p, &v, &g, prev.as_ref().map(|(a, b)| (&a[..], &b[..])));
+                    let mut normed = vec![0f32; w];
+                    crate::cpu::rms_norm_row(&row, x.norm, eps, &mut normed);
+                    row = normed;
+                    crate::cpu::rope_row(&mut row, shape.rope_dim, win * r, x.inv_freq, false);
+                    if qat == RowQat::Fp8Blocks64 {
+                        crate::quant::fp8_round_trip(&mut row[..w - shape.rope_dim], 64, 1e-4);
+                    }
+                    let o = dst as usize * w;
+                    pool[o..o + w].iter_mut().zip(&row).for_each(|(d, v)| *d = bf16::from_f32(*v));
+                }
+                if p.overlap {
+                    let ca = |m: &[f32]| m.chunks_exact(cw).flat_map(|t| t[..w].to_vec()).collect::<Vec<f32>>();
+                    prev = Some((ca(&v), ca(&g)));
+                }
+            }
+            if let (true, Some((pv, pg))) = (closed_end > first, prev) {
+                let o = slot as usize * r as usize * w;
+                st.prev_kv.host_mut()[o..o + pv.len()].copy_from_slice(&pv);
+                st.prev_gate.host_mut()[o..o + pg.len()].copy_from_slice(&pg);
+            }
+            let new_start = closed_end * r;
+            for pos in new_start.max(pos0)..pos0 + count {
+                let src = (tok_start + pos - pos0) as usize * cw;
+                let dst = (slot as usize * r as usize + (pos - new_start) as usize) * cw;
+                st.open_kv.host_mut()[dst..dst + cw].copy_from_slice(&x.kv[src..src + cw]);
+                st.open_gate.host_mut()[dst..dst + cw].copy_from_slice(&x.gate[src..src + cw]);
+            }
+        }
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+
+    #[test]
+    fn closes_counts_window_ends_inside_the_chunk() {
+        let s = |pos0, count| CompressSeq { tok_start: 0, tok_count: count, pos0, slot: 0 };
+        assert_eq!(s(0, 3).closes(4), 0);
+        assert_eq!(s(0, 4).closes(4), 1);
+        assert_eq!(s(3, 1).closes(4), 1);
+        assert_eq!(s(3, 10).closes(4), 3);
+        assert_eq!(s(5, 0).closes(4), 0);
+    }
+
+    #[test]
+    fn bad_inputs_name_their_field() {
+        let st = Device::cpu().default_stream();
+        let pool = PoolShape { ratio: 4, width: 8, overlap: true };
+        let shape = CompressShape { pool, rope_dim: 4, batch: 1, max_windows: 2, tokens: 5 };
+        let z = |n| st.zeros::<f32>(n).unwrap();
+        let (kv, gate, ape, norm, inv) = (z(5 * 16), z(5 * 16), z(4 * 16), z(8), z(2));
+        let seqs = st.upload(&pack_seqs(&[CompressSeq { tok_start: 0, tok_count: 5, pos0: 0, slot: 0 }])).unwrap();
+        let rows = st.upload(&[0i32, 1]).unwrap();
+        let mut state = CompressState::new(&st, 1, pool).unwrap();
+        let mut out = st.zeros::<bf16>(16).unwrap();
+        let mut status = st.zeros::<i32>(1).unwrap();
+        let mut call = |shape: CompressShape, kv: &DeviceBuffer<f32>| {
+            compress(
+                &st,
+                kv,
+                &gate,
+                &ape,
+                &norm,
+                &inv,
+                &seqs,
+                &rows,
+                &mut state,
+                &mut out,
+                &mut status,
+                shape,
+                RowQat::None,
+                1e-6,
+            )
+        };
+        assert!(call(shape, &z(10)).unwrap_err().to_string().contains("`kv`"));
+        assert!(call(CompressShape { rope_dim: 3, ..shape }, &kv).unwrap_err().to_string().contains("`rope_dim`"));
+        let other = CompressShape { pool: PoolShape { overlap: false, ..pool }, ..shape };
+        assert!(call(other, &kv).unwrap_err().to_string().contains("`state`"));
+        call(shape, &kv).unwrap();
+        // A slot outside the state is flagged, not written.
+        let bad = st.upload(&pack_seqs(&[CompressSeq { tok_start: 0, tok_count: 5, pos0: 0, slot: 3 }])).unwrap();
+        compress(
+            &st,
+            &kv,
+            &gate,
+            &ape,
+            &norm,
+            &inv,
+            &bad,
+            &rows,
+            &mut state,
+            &mut out,
+            &mut status,
+            shape,
+            RowQat::None,
+            1e-6,
+        )
+        .unwrap();
+        assert_eq!(st.download(&status).unwrap(), vec![1]);
+    }
+}
