@@ -684,7 +684,7 @@ namespace {
 // A 16-byte load of streamed weights: read once, so not kept in L1 (x, reused by every block, stays).
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
     uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
@@ -830,26 +830,26 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_
 }
 
 // kw: warps per 16-row tile (1, 2, 4 or 8; the launcher picks it so each warp has about D chunks).
-extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_n8(const uint8_t* xq, const float* sx,
+extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_n8(const uint8_t* xq, const float* sx,
                                                                     const uint8_t* w, const uint8_t* s,
                                                                     __nv_bfloat16* y, DiGemmParams p, uint32_t kw) {
-    gemm_fp8q<1, 2, false>(xq, sx, w, s, y, p, kw);
+    gemm_fp8q<1, 4, false>(xq, sx, w, s, y, p, kw);
 }
-extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_n16(const uint8_t* xq, const float* sx,
+extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_n16(const uint8_t* xq, const float* sx,
                                                                      const uint8_t* w, const uint8_t* s,
                                                                      __nv_bfloat16* y, DiGemmParams p, uint32_t kw) {
-    gemm_fp8q<2, 2, false>(xq, sx, w, s, y, p, kw);
+    gemm_fp8q<2, 3, false>(xq, sx, w, s, y, p, kw);
 }
 // The same over W in the packed decode layout (n % 16 == 0, k % 128 == 0).
-extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_packed_n8(const uint8_t* xq, const float* sx,
+extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_packed_n8(const uint8_t* xq, const float* sx,
                                                                            const uint8_t* w, const uint8_t* s,
                                                                            __nv_bfloat16* y, DiGemmParams p,
                                                                            uint32_t kw) {
-    gemm_fp8q<1, 2, true>(xq, sx, w, s, y, p, kw);
+    gemm_fp8q<1, 4, true>(xq, sx, w, s, y, p, kw);
 }
-extern "C" __global__ void __launch_bounds__(256) di_gemm_fp8q_packed_n16(const uint8_t* xq, const float* sx,
+extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_packed_n16(const uint8_t* xq, const float* sx,
                                                                             const uint8_t* w, const uint8_t* s,
                                                                             __nv_bfloat16* y, DiGemmParams p,
                                                                             uint32_t kw) {
-    gemm_fp8q<2, 2, true>(xq, sx, w, s, y, p, kw);
+    gemm_fp8q<2, 3, true>(xq, sx, w, s, y, p, kw);
 }

@@ -92,6 +92,65 @@ extern "C" __global__ void __launch_bounds__(THREADS) di_hc_mix(const float* __r
     for (int i = threadIdx.x; i < TOK * (MAXW + 1); i += THREADS) out[i] = mix[i / (MAXW + 1)][i % (MAXW + 1)];
 }
 
+// One token's weights from its raw mix sums (times the RMS factor `inv`): pre [N]; unless head,
+// post [N] and comb [N, N] (Sinkhorn in the reference's order: row softmax + eps, a column pass,
+// then iters - 1 row and column passes).
+template <int N>
+__device__ void site_weights(const float* mixt, float inv, const float* __restrict__ base,
+                             const float* __restrict__ scale, uint32_t head, uint32_t iters, float hc_eps, float* pre,
+                             float* post, float* comb) {
+    float m[(2 + N) * N];
+#pragma unroll
+    for (int o = 0; o < (head ? N : (2 + N) * N); ++o) m[o] = mixt[o] * inv;
+#pragma unroll
+    for (int j = 0; j < N; ++j) pre[j] = sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
+    if (head) return;
+#pragma unroll
+    for (int j = 0; j < N; ++j) post[j] = 2.0f * sigmoid(m[N + j] * scale[1] + base[N + j]);
+    float c[N][N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            c[j][k] = __fadd_rn(__fmul_rn(m[2 * N + j * N + k], scale[2]), base[2 * N + j * N + k]);
+            mx = fmaxf(mx, c[j][k]);
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            c[j][k] = expf(c[j][k] - mx);
+            sum += c[j][k];
+        }
+#pragma unroll
+        for (int k = 0; k < N; ++k) c[j][k] = __fadd_rn(__fdiv_rn(c[j][k], sum), hc_eps);
+    }
+    for (uint32_t it = 0; it < max(iters, 1u); ++it) {  // the column pass runs even for 0 iterations
+        if (it > 0) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                float sum = 0.f;
+#pragma unroll
+                for (int k = 0; k < N; ++k) sum += c[j][k];
+#pragma unroll
+                for (int k = 0; k < N; ++k) c[j][k] = __fdiv_rn(c[j][k], sum + hc_eps);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < N; ++j) sum += c[j][k];
+#pragma unroll
+            for (int j = 0; j < N; ++j) c[j][k] = __fdiv_rn(c[j][k], sum + hc_eps);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int k = 0; k < N; ++k) comb[j * N + k] = c[j][k];
+}
+
 // x [tokens, n, D]; fn_w [width, n·D]; base [width]; scale [3] (head: [1]); norm_w [D]; post
 // [tokens, n], comb [tokens, n, n] (not written when head); out [tokens, D] bf16. With splits > 0
 // the mixes come from di_hc_mix's partial sums (added in split order), else this block computes
@@ -121,49 +180,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) di_hc_pre(
         }
         __syncthreads();
     }
-    // Weights, one thread per token.
+    // Weights, one thread per token (n known at compile time, so the matrices stay in registers).
     if (threadIdx.x < TOK && t0 + threadIdx.x < tokens) {
         const int t = threadIdx.x;
-        const uint32_t tok = t0 + t;
         const float inv = 1.0f / sqrtf(mix[t][MAXW] / static_cast<float>(nd) + norm_eps);
-        float m[MAXW];
-        for (uint32_t o = 0; o < width; ++o) m[o] = mix[t][o] * inv;
-        if (head) {
-            for (uint32_t j = 0; j < n; ++j) pre[t][j] = sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
-        } else {
-            for (uint32_t j = 0; j < n; ++j) {
-                pre[t][j] = sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
-                post[tok * n + j] = 2.0f * sigmoid(m[n + j] * scale[1] + base[n + j]);
-            }
-            float c[MAXN * MAXN];
-            for (uint32_t j = 0; j < n; ++j) {
-                float mx = -INFINITY;
-                for (uint32_t k = 0; k < n; ++k) {
-                    c[j * n + k] = __fadd_rn(__fmul_rn(m[2 * n + j * n + k], scale[2]), base[2 * n + j * n + k]);
-                    mx = fmaxf(mx, c[j * n + k]);
-                }
-                float sum = 0.f;
-                for (uint32_t k = 0; k < n; ++k) {
-                    c[j * n + k] = expf(c[j * n + k] - mx);
-                    sum += c[j * n + k];
-                }
-                for (uint32_t k = 0; k < n; ++k) c[j * n + k] = __fadd_rn(__fdiv_rn(c[j * n + k], sum), hc_eps);
-            }
-            for (uint32_t it = 0; it < max(iters, 1u); ++it) {  // the column pass runs even for 0 iterations
-                if (it > 0) {
-                    for (uint32_t j = 0; j < n; ++j) {
-                        float sum = 0.f;
-                        for (uint32_t k = 0; k < n; ++k) sum += c[j * n + k];
-                        for (uint32_t k = 0; k < n; ++k) c[j * n + k] = __fdiv_rn(c[j * n + k], sum + hc_eps);
-                    }
-                }
-                for (uint32_t k = 0; k < n; ++k) {
-                    float sum = 0.f;
-                    for (uint32_t j = 0; j < n; ++j) sum += c[j * n + k];
-                    for (uint32_t j = 0; j < n; ++j) c[j * n + k] = __fdiv_rn(c[j * n + k], sum + hc_eps);
-                }
-            }
-            for (uint32_t i = 0; i < n * n; ++i) comb[static_cast<size_t>(tok) * n * n + i] = c[i];
+        float* po = head ? nullptr : post + static_cast<size_t>(t0 + t) * n;
+        float* co = head ? nullptr : comb + static_cast<size_t>(t0 + t) * n * n;
+        switch (n) {
+            case 1: site_weights<1>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
+            case 2: site_weights<2>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
+            case 3: site_weights<3>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
+            default: site_weights<4>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
         }
     }
     __syncthreads();

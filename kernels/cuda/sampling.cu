@@ -45,8 +45,12 @@ __device__ double uniform(uint64_t seed, uint64_t position) {
     return static_cast<double>(z >> 11) / 9007199254740992.0;
 }
 
+// Histogram counters: a mass (< 2^41) is added as four 10-bit parts to u32 counters (native shared
+// atomics; each part's sum stays below 2^31 for vocabularies up to 2^21), reassembled exactly.
+constexpr int PARTS = 4;
+
 struct Shared {
-    unsigned long long hist[256];
+    uint32_t hist[PARTS][256];
     unsigned long long red[32];
     unsigned long long prefix, rem;
     int found;
@@ -95,7 +99,7 @@ __device__ uint64_t find_desc(const float* l, const uint64_t* mass, uint32_t voc
     uint64_t prefix = 0, rem = target;
     for (int level = 0; level < 8; ++level) {
         const int shift = 56 - 8 * level;
-        for (int i = threadIdx.x; i < 256; i += T) sh.hist[i] = 0;
+        for (int i = threadIdx.x; i < PARTS * 256; i += T) sh.hist[i / 256][i % 256] = 0;
         __syncthreads();
         for (uint32_t i = threadIdx.x; i < vocab; i += T) {
             const float f = l[i];
@@ -103,15 +107,30 @@ __device__ uint64_t find_desc(const float* l, const uint64_t* mass, uint32_t voc
             const uint64_t k = cand_key(f, i);
             if (k < lo) continue;
             if (level > 0 && (k >> (shift + 8)) != (prefix >> (shift + 8))) continue;
-            const uint64_t w = count ? 1ull : mass[i];
-            if (w) atomicAdd(&sh.hist[(k >> shift) & 255], static_cast<unsigned long long>(w));
+            const uint32_t d = static_cast<uint32_t>(k >> shift) & 255u;
+            if (count) {
+                atomicAdd(&sh.hist[0][d], 1u);
+            } else {
+                const uint64_t w = mass[i];
+#pragma unroll
+                for (int q = 0; q < PARTS; ++q) {
+                    const uint32_t part = static_cast<uint32_t>(w >> (10 * q)) & (q == PARTS - 1 ? 0x7FFu : 0x3FFu);
+                    if (part) atomicAdd(&sh.hist[q][d], part);
+                }
+            }
         }
         __syncthreads();
         if (threadIdx.x == 0) {
             int chosen = -1, last = -1;
             uint64_t r = rem;
+            auto bucket = [&](int d) {
+                uint64_t h = 0;
+#pragma unroll
+                for (int q = 0; q < PARTS; ++q) h += static_cast<uint64_t>(sh.hist[q][d]) << (10 * q);
+                return h;
+            };
             for (int d = 255; d >= 0; --d) {
-                const uint64_t h = sh.hist[d];
+                const uint64_t h = bucket(d);
                 if (!h) continue;
                 last = d;
                 if (r <= h) {
@@ -122,7 +141,7 @@ __device__ uint64_t find_desc(const float* l, const uint64_t* mass, uint32_t voc
             }
             if (chosen < 0 && last >= 0) {  // asked past the end: the last entry of the set
                 chosen = last;
-                r = sh.hist[last];
+                r = bucket(last);
             }
             sh.found = chosen >= 0;
             sh.prefix = prefix | (static_cast<uint64_t>(chosen < 0 ? 0 : chosen) << shift);

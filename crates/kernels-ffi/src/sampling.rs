@@ -26,8 +26,9 @@ use crate::{DeviceKind, Result};
 
 /// The most alternatives a row may ask for (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
-/// The largest vocabulary: masses are integers in units of 2^-40 summed in 64 bits.
-pub const MAX_VOCAB: usize = 1 << 23;
+/// The largest vocabulary: masses are integers in units of 2^-40, and the kernel's histograms sum
+/// them in four 10-bit parts in 32-bit counters.
+pub const MAX_VOCAB: usize = 1 << 21;
 
 /// One row of a batch: its truncation parameters and the position the token is drawn for.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -48,7 +48,7 @@ pub(crate) fn hc_pre(
     let want = if tiles >= HC_SPLIT_BELOW_TILES {
         1
     } else {
-        (2 * HC_SPLIT_BELOW_TILES).div_ceil(tiles).min(nd / 1024).max(1)
+        (2 * HC_SPLIT_BELOW_TILES).div_ceil(tiles).min(nd / THREADS).max(1)
     };
     let chunk = nd.div_ceil(want).div_ceil(THREADS) * THREADS;
     let splits = if want > 1 { nd.div_ceil(chunk) } else { 0 };

@@ -332,12 +332,13 @@ pub(crate) fn gemm_tc_launch(
     Ok(())
 }
 
-/// Warps sharing one 16-row tile of the FP8 x FP8 decode kernel: 8 (a whole block), fewer only
-/// when k has fewer than 8 chunks of 128. More warps beat deeper per-warp prefetch on the H200:
-/// four chunks in flight a warp with fewer warps a tile measured 0.44-0.47 of the bandwidth floor
-/// against 0.48-0.50 for this (benches/results/2026-11-30-gemm-decode/fp8-mma).
-pub(crate) fn fp8q_warps_per_tile(_m: u32, k: u32) -> u32 {
-    let kw = (k / 128).clamp(1, 8);
+/// Warps sharing one 16-row tile of the FP8 x FP8 decode kernel: enough that each streams about D
+/// 128-wide chunks of k (D = 4 chunks in flight for m <= 8, 3 for m <= 16), at most 8. With one
+/// chunk a warp (8 warps a tile at k = 1024) wq_b at m = 16 ran at 0.16-0.32 of the bandwidth
+/// floor, with four chunks a warp at 0.34-0.37 (benches/results/2026-11-30-gemm-decode/fp8-mma).
+pub(crate) fn fp8q_warps_per_tile(m: u32, k: u32) -> u32 {
+    let depth = if m <= 8 { 4 } else { 3 };
+    let kw = (k / 128 / depth).clamp(1, 8);
     // A power of two (8 / kw tiles a block).
     1 << (31 - kw.leading_zeros())
 }
@@ -508,12 +509,12 @@ mod tests {
     }
 
     #[test]
-    fn fp8q_tiles_take_up_to_eight_warps() {
+    fn fp8q_tiles_split_k_into_runs_of_about_the_ring_depth() {
         assert_eq!(fp8q_warps_per_tile(1, 8192), 8);
-        assert_eq!(fp8q_warps_per_tile(1, 1024), 8);
-        assert_eq!(fp8q_warps_per_tile(16, 512), 4);
+        assert_eq!(fp8q_warps_per_tile(1, 1024), 2);
+        assert_eq!(fp8q_warps_per_tile(16, 1024), 2);
         assert_eq!(fp8q_warps_per_tile(1, 128), 1);
-        assert_eq!(fp8q_warps_per_tile(1, 3 * 128), 2);
+        assert_eq!(fp8q_warps_per_tile(1, 3 * 128 * 4), 2);
         for m in [1u32, 9] {
             for k in (128..=16384).step_by(128) {
                 let kw = fp8q_warps_per_tile(m, k);
