@@ -210,11 +210,13 @@ fn gpu_gemm_lowp_matches_cpu() {
     // FP8 weights with activation quantisation, m <= 16, n a multiple of 16: the FP8 x FP8
     // matrix-unit decode kernel (di_gemm_fp8q_n{8,16}); k from one 128-block (some warps idle) to
     // 8192, n from one 16-row block to a wide matrix.
+    // One row takes it only for weights of 16 MB or more (k past the flat kernel's 1024).
     for m in [1u32, 2, 3, 5, 8, 9, 13, 16] {
         for wide in [false, true] {
             let f = ops::WeightFormat::Fp8Block128;
             let n = 16 * if wide { 2048 + (rng.next_u64() % 64) as usize } else { 1 + (rng.next_u64() % 40) as usize };
             let k = 128 * (1 + (rng.next_u64() % if wide { 8 } else { 64 }) as usize);
+            let (n, k) = if m == 1 { (n.max(2048), 128 * (64 + (rng.next_u64() % 8) as usize)) } else { (n, k) };
             let x: Vec<bf16> = to(&rng.vec(m as usize * k));
             let (w, sc) = lowp_weights(&mut rng, f, n, k);
             let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);

@@ -119,15 +119,25 @@ pub(crate) fn uses_tensor_cores(format: crate::ops::WeightFormat, m: u32, k: u32
     (m >= 2 || fp4_quant) && k.is_multiple_of(128)
 }
 
+/// Weights (n x k bytes) below which a one-row FP8 GEMM keeps the CUDA-core kernel: on the H200
+/// the FP8 x FP8 kernel's extra launch (x quantisation) costs more than it saves on 4-8 MB weights
+/// (wq_a 0.125 against 0.092 of the floor, shared_experts.w1 0.205 against 0.178), while on 32 MB
+/// it wins (wo_b 0.36 -> 0.47).
+const FP8Q_MIN_ONE_ROW_BYTES: u64 = 16 << 20;
+
 /// Whether a dense GEMM runs on the FP8 x FP8 decode kernel (`di_gemm_fp8q_n{8,16}`): FP8 weights
-/// with activation quantisation, m <= 16, k % 128 == 0, n % 16 == 0, unless switched off by
-/// [`crate::ops::set_fp8_mma_decode`].
+/// with activation quantisation, m <= 16, k % 128 == 0, n % 16 == 0; for one row only large
+/// weights that the flat kernel does not take (k = 512/1024 stays flat: wq_b 0.48 against 0.43);
+/// unless switched off by [`crate::ops::set_fp8_mma_decode`].
 pub(crate) fn uses_fp8_mma_decode(format: crate::ops::WeightFormat, m: u32, n: u32, k: u32, quantize: bool) -> bool {
+    let one_row_ok =
+        m != 1 || (flat_gemv_rows(format, m, n, k).is_none() && n as u64 * k as u64 >= FP8Q_MIN_ONE_ROW_BYTES);
     format == crate::ops::WeightFormat::Fp8Block128
         && quantize
         && (1..=16).contains(&m)
         && k.is_multiple_of(128)
         && n.is_multiple_of(16)
+        && one_row_ok
         && crate::ops::fp8_mma_decode()
 }
 
