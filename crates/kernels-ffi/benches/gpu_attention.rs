@@ -142,6 +142,58 @@ fn main() {
         results.push(serde_json::json!({"op": "indexer_decode", "case": what, "batch": batch, "rows": rows_n, "k": 512,
             "bytes": bytes, "flops": flops, "median_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms}));
     }
+    // Prefill attention for one 32k-token chunk (each query its own rows, the decode kernel's
+    // gathered form): CSA (128 window + 512 selected rows) and sliding-only (128). Floor: the bf16
+    // matrix-unit rate (790 TFLOP/s measured on this kind) over the FLOPs the masks need
+    // (4 x heads x 512 x keys per query).
+    {
+        use deepinfer_kernels_ffi::attention::{attention_prefill, PrefillAttnShape};
+        const BF16_FLOP_PER_S: f64 = 790e12;
+        let tokens = 32768u32;
+        for (what, keys) in [("CSA prefill 32k (128 + 512)", 640u32), ("sliding prefill 32k (128)", 128)] {
+            let shape = PrefillAttnShape { tokens, heads, head_dim: d as u32, max_keys: keys };
+            let pool = tokens as usize + 8192;
+            let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+            let qb = s.upload(&b(rng.vec(tokens as usize * heads as usize * d))).unwrap();
+            let kvb = s.upload(&b(rng.vec(pool * d))).unwrap();
+            // Query t: its 128-row window ending at t, then (CSA) 512 rows spread over the pool.
+            let rows: Vec<i32> = (0..tokens as usize)
+                .flat_map(|t| {
+                    (0..keys as usize).map(move |j| {
+                        if j < 128 {
+                            (t + 8192 - 127 + j) as i32
+                        } else {
+                            ((t * 7919 + j * 104729) % 8192) as i32
+                        }
+                    })
+                })
+                .collect();
+            let (rb, cb) = (s.upload(&rows).unwrap(), s.upload(&vec![keys as i32; tokens as usize]).unwrap());
+            let sb = s.upload(&rng.vec(heads as usize)).unwrap();
+            let mut out = s.zeros::<bf16>(tokens as usize * heads as usize * d).unwrap();
+            let mut st = s.zeros::<i32>(1).unwrap();
+            let mut times = Vec::new();
+            for rep in 0..5 {
+                let a = s.record_event().unwrap();
+                attention_prefill(&s, &qb, &kvb, &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+                let e = s.record_event().unwrap();
+                if rep >= 1 {
+                    times.push(a.elapsed_ms(&e).unwrap() as f64);
+                }
+            }
+            let ms = median(times);
+            let flops = 4.0 * tokens as f64 * heads as f64 * keys as f64 * d as f64;
+            let floor_ms = flops / BF16_FLOP_PER_S * 1e3;
+            println!(
+                "attention_prefill {what:<28} tokens={tokens} heads={heads} keys={keys}  median {ms:.3} ms  {:.0} TFLOP/s  bf16 floor {floor_ms:.3} ms  achieved/floor {:.3}",
+                flops / (ms * 1e-3) / 1e12,
+                floor_ms / ms
+            );
+            results.push(serde_json::json!({"op": "attention_prefill", "case": what, "tokens": tokens, "heads": heads,
+                "head_dim": d, "keys_per_query": keys, "flops": flops, "median_ms": ms, "floor_ms": floor_ms,
+                "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
+        }
+    }
     // The compressors: decode (64 sequences, one token each, every one closing a window) and a
     // 4096-token prefill chunk of one sequence; CSA (ratio 4, overlapping, 512 wide, KV QAT), the
     // indexer's (ratio 4, overlapping, 128 wide) and HCA (ratio 128, 512 wide).

@@ -102,6 +102,69 @@ fn gpu_attention_decode_matches_cpu() {
 /// summed in fp32 in another order), and the GPU's top-k exactly equal to the CPU's selection rule
 /// applied to the GPU's scores (ties to the lower position, ascending, -1 padding); against the CPU's
 /// own scores the sets match wherever the k-th and (k+1)-th scores are not within 1e-3.
+/// Prefill chunks: 45 queries at position 300 (a cached prefix before them, so windows straddle the
+/// chunk boundary), window 128, against HCA rows (every closed window of 8) and against per-query
+/// selections (CSA-like); keys live in a shuffled pool. Same tolerance as decode.
+#[test]
+fn gpu_attention_prefill_matches_cpu() {
+    use deepinfer_kernels_ffi::attention::{attention_prefill, CompressedRows, PrefillAttnShape, PrefillRows};
+    let Some(dev) = cuda_device_or_skip("gpu_attention_prefill_matches_cpu") else { return };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let (pos0, tokens, window, heads) = (300usize, 45usize, 128usize, 64u32);
+    let positions = pos0 + tokens;
+    let comp = positions / 8;
+    let pool = positions + comp + 17;
+    // A shuffled pool: position p's key at perm[p], compressed window w at perm[positions + w].
+    let mut perm: Vec<i32> = (0..pool as i32).collect();
+    for i in (1..pool).rev() {
+        perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let kv = b(rng.vec(pool * 512));
+    let q = b(rng.vec(tokens * heads as usize * 512).into_iter().map(|v| v * 8.0).collect());
+    let sink: Vec<f32> = rng.vec(heads as usize).into_iter().map(|v| 2.0 * v).collect();
+    let row_of = |w: usize| perm[positions + w];
+    let selected: Vec<Vec<i32>> = (0..tokens)
+        .map(|t| {
+            let closed = (pos0 + t + 1) / 8;
+            (0..closed.min(24)).map(|_| perm[positions + (rng.next_u64() % closed as u64) as usize]).collect()
+        })
+        .collect();
+    for (what, compressed) in [
+        ("HCA", CompressedRows::All { ratio: 8, row_of: &row_of }),
+        ("selected", CompressedRows::Selected(&selected)),
+        ("sliding", CompressedRows::None),
+    ] {
+        let r = PrefillRows::build(pos0, tokens, window, &|p| perm[p], &compressed);
+        let shape = PrefillAttnShape { tokens: tokens as u32, heads, head_dim: 512, max_keys: r.max_keys };
+        let run = |s: &Stream| {
+            let mut out = s.upload(&vec![bf16::from_f32(f32::NAN); q.len()]).unwrap();
+            let mut st = s.zeros::<i32>(1).unwrap();
+            let (qb, kb, rb, cb, sb) = (
+                s.upload(&q).unwrap(),
+                s.upload(&kv).unwrap(),
+                s.upload(&r.rows).unwrap(),
+                s.upload(&r.counts).unwrap(),
+                s.upload(&sink).unwrap(),
+            );
+            attention_prefill(s, &qb, &kb, &rb, &cb, &sb, &mut out, &mut st, shape, 1.0 / (512f32).sqrt()).unwrap();
+            assert_eq!(s.download(&st).unwrap()[0], 0, "{what}: no row outside the pool");
+            s.download(&out).unwrap().iter().map(|v| v.to_f32()).collect::<Vec<_>>()
+        };
+        let (want, got) = (run(&cpu), run(&gpu));
+        let (rel, max) = rel_err(&got, &want);
+        println!(
+            "prefill {what}: {tokens} queries, up to {} keys: rel_err {rel:.2e} max_abs {max:.2e} (tol {TOL:e})",
+            r.max_keys
+        );
+        assert!(rel < TOL, "prefill {what}: rel_err {rel:e}");
+    }
+}
+
 #[test]
 fn gpu_indexer_decode_matches_cpu() {
     use deepinfer_kernels_ffi::cpu::indexer::indexer_topk;
