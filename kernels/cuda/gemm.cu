@@ -641,18 +641,31 @@ DI_GEMM_TILE(tile64, 64, 256)
 // out[r, :] = x[r, :] rounded to e4m3 per 1x128 block with a power-of-two scale (the official
 // activation quantisation, exact in bf16), so GEMM blocks need not each redo it. A warp per
 // (row, 128 columns); k % 128 == 0.
+namespace {
+// The four values lane `lane` of a warp holds of 1x128 block c of x [rows, k] (at element `at`) and
+// the block's power-of-two scale (a warp per block; shared by the two quantisation kernels).
+__device__ __forceinline__ float block_values(const __nv_bfloat16* __restrict__ x, uint32_t k, uint32_t c, int lane,
+                                              float (&v)[4], size_t& at) {
+    const uint32_t blocks = k / 128;
+    at = static_cast<size_t>(c / blocks) * k + (c % blocks) * 128 + lane * 4;
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
+    v[0] = bf_lo(raw.x);
+    v[1] = bf_hi(raw.x);
+    v[2] = bf_lo(raw.y);
+    v[3] = bf_hi(raw.y);
+    return pow2_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
+}
+}  // namespace
+
 extern "C" __global__ void __launch_bounds__(256) di_quantize_fp8_rows(const __nv_bfloat16* __restrict__ x,
                                                                       __nv_bfloat16* __restrict__ out, uint32_t rows,
                                                                       uint32_t k) {
     const int lane = threadIdx.x & 31;
-    const uint32_t blocks = k / 128;
     const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (c >= rows * blocks) return;
-    const size_t at = static_cast<size_t>(c / blocks) * k + (c % blocks) * 128 + lane * 4;
-    const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
-    const float v[4] = {bf_lo(raw.x), bf_hi(raw.x), bf_lo(raw.y), bf_hi(raw.y)};
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-    const float s = pow2_scale(amax);
+    if (c >= rows * (k / 128)) return;
+    float v[4];
+    size_t at;
+    const float s = block_values(x, k, c, lane, v, at);
     const uint2 o = make_uint2(pack_bf16(fp8_round(v[0], s), fp8_round(v[1], s)), pack_bf16(fp8_round(v[2], s), fp8_round(v[3], s)));
     *reinterpret_cast<uint2*>(out + at) = o;
 }
@@ -813,14 +826,11 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_
                                                                     uint8_t* __restrict__ xq, float* __restrict__ sx,
                                                                     uint32_t rows, uint32_t k) {
     const int lane = threadIdx.x & 31;
-    const uint32_t blocks = k / 128;
     const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (c >= rows * blocks) return;
-    const size_t at = static_cast<size_t>(c / blocks) * k + (c % blocks) * 128 + lane * 4;
-    const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
-    const float v[4] = {bf_lo(raw.x), bf_hi(raw.x), bf_lo(raw.y), bf_hi(raw.y)};
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-    const float s = pow2_scale(amax);
+    if (c >= rows * (k / 128)) return;
+    float v[4];
+    size_t at;
+    const float s = block_values(x, k, c, lane, v, at);
     uint32_t packed = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)

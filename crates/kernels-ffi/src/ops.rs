@@ -171,16 +171,7 @@ pub fn gemm_lowp(
     if format == WeightFormat::Fp4Row32 && p.quantize_x != 0 && !p.k.is_multiple_of(128) {
         return Err(FfiError::shape(OP, "quantize_x", "FP4 with activation quantisation needs k a multiple of 128"));
     }
-    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let (wb, sb) = format.bytes(n, k);
-    check_len(OP, "x", x, m * k)?;
-    check_len(OP, "w", w, wb)?;
-    check_len(OP, "scale", scale, sb)?;
-    check_len(OP, "y", y, m * n)?;
-    stream.check_on(OP, "x", x)?;
-    stream.check_on(OP, "w", w)?;
-    stream.check_on(OP, "scale", scale)?;
-    stream.check_on(OP, "y", y)?;
+    check_gemm_buffers(OP, stream, format, x, w, scale, y, p)?;
     match (&x.storage, &w.storage, &scale.storage, &mut y.storage) {
         (Storage::Host(x), Storage::Host(w), Storage::Host(s), Storage::Host(y)) => {
             match format {
@@ -198,6 +189,30 @@ pub fn gemm_lowp(
     }
 }
 
+/// The lengths (x [m, k], w and scale for the format, y [m, n]) and devices of a GEMM's buffers.
+#[allow(clippy::too_many_arguments)]
+fn check_gemm_buffers(
+    op: &'static str,
+    stream: &Stream,
+    format: WeightFormat,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &DeviceBuffer<half::bf16>,
+    p: &GemmParams,
+) -> Result<()> {
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let (wb, sb) = format.bytes(n, k);
+    check_len(op, "x", x, m * k)?;
+    check_len(op, "w", w, wb)?;
+    check_len(op, "scale", scale, sb)?;
+    check_len(op, "y", y, m * n)?;
+    stream.check_on(op, "x", x)?;
+    stream.check_on(op, "w", w)?;
+    stream.check_on(op, "scale", scale)?;
+    stream.check_on(op, "y", y)
+}
+
 /// FP8 weights [n, k] (n % 16 == 0, k % 128 == 0) rearranged into the decode layout of
 /// [`gemm_fp8_packed`]: per 16-row tile and 128-wide chunk of k, the 2 KB one warp of the decode
 /// kernel reads, as four 512-byte runs, one per load instruction: run j, lane g·4 + t holds the 16
@@ -206,45 +221,35 @@ pub fn gemm_lowp(
 pub fn pack_fp8_decode(w: &[u8], n: usize, k: usize) -> Vec<u8> {
     assert!(n.is_multiple_of(16) && k.is_multiple_of(128) && w.len() == n * k, "pack_fp8_decode: n {n}, k {k}");
     let mut out = vec![0u8; n * k];
-    let mut o = 0;
-    for tile in 0..n / 16 {
-        for c in 0..k / 128 {
-            for j in 0..4 {
-                for lane in 0..32 {
-                    let at = decode_pack_source(tile, c, j, lane, k);
-                    out[o..o + 16].copy_from_slice(&w[at..at + 16]);
-                    o += 16;
-                }
-            }
-        }
+    for (packed, at) in decode_pack_pieces(n, k) {
+        out[packed..packed + 16].copy_from_slice(&w[at..at + 16]);
     }
     out
-}
-
-/// Where in the row-major weights the 16 bytes of run j, lane `lane` of chunk c of a tile come from.
-fn decode_pack_source(tile: usize, c: usize, j: usize, lane: usize, k: usize) -> usize {
-    let (g, t) = (lane / 4, lane % 4);
-    let row = tile * 16 + g + if j >= 2 { 8 } else { 0 };
-    row * k + c * 128 + (j % 2) * 64 + t * 16
 }
 
 /// The inverse of [`pack_fp8_decode`].
 pub fn unpack_fp8_decode(packed: &[u8], n: usize, k: usize) -> Vec<u8> {
     assert!(n.is_multiple_of(16) && k.is_multiple_of(128) && packed.len() == n * k, "unpack_fp8_decode: n {n}, k {k}");
     let mut w = vec![0u8; n * k];
-    let mut o = 0;
-    for tile in 0..n / 16 {
-        for c in 0..k / 128 {
-            for j in 0..4 {
-                for lane in 0..32 {
-                    let at = decode_pack_source(tile, c, j, lane, k);
-                    w[at..at + 16].copy_from_slice(&packed[o..o + 16]);
-                    o += 16;
-                }
-            }
-        }
+    for (from, at) in decode_pack_pieces(n, k) {
+        w[at..at + 16].copy_from_slice(&packed[from..from + 16]);
     }
     w
+}
+
+/// (offset in the packed layout, offset in the row-major weights) of every 16-byte piece: per tile
+/// and chunk, run j and lane g·4 + t take row g (j < 2) or g + 8 at (j % 2)·64 + t·16.
+fn decode_pack_pieces(n: usize, k: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n / 16)
+        .flat_map(move |tile| {
+            (0..k / 128).flat_map(move |c| (0..4).flat_map(move |j| (0..32).map(move |lane| (tile, c, j, lane))))
+        })
+        .enumerate()
+        .map(move |(i, (tile, c, j, lane))| {
+            let (g, t) = (lane / 4, lane % 4);
+            let row = tile * 16 + g + if j >= 2 { 8 } else { 0 };
+            (i * 16, row * k + c * 128 + (j % 2) * 64 + t * 16)
+        })
 }
 
 /// y[m, n] = Σ_k q(x)[m, k]·W[n, k] for FP8 weights in the decode layout ([`pack_fp8_decode`]) with
@@ -269,19 +274,11 @@ pub fn gemm_fp8_packed(
     if p.quantize_x == 0 {
         return Err(FfiError::shape(OP, "quantize_x", "the packed decode GEMM always quantises x to FP8"));
     }
-    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let (wb, sb) = WeightFormat::Fp8Block128.bytes(n, k);
-    check_len(OP, "x", x, m * k)?;
-    check_len(OP, "w", w, wb)?;
-    check_len(OP, "scale", scale, sb)?;
-    check_len(OP, "y", y, m * n)?;
-    stream.check_on(OP, "x", x)?;
-    stream.check_on(OP, "w", w)?;
-    stream.check_on(OP, "scale", scale)?;
-    stream.check_on(OP, "y", y)?;
+    check_gemm_buffers(OP, stream, WeightFormat::Fp8Block128, x, w, scale, y, p)?;
+    let (n, k) = (p.n as usize, p.k as usize);
     match (&x.storage, &w.storage, &scale.storage, &mut y.storage) {
         (Storage::Host(x), Storage::Host(w), Storage::Host(s), Storage::Host(y)) => {
-            cpu::gemm_fp8(x, &unpack_fp8_decode(&w[..wb], n, k), s, y, p);
+            cpu::gemm_fp8(x, &unpack_fp8_decode(&w[..n * k], n, k), s, y, p);
             Ok(())
         }
         #[cfg(feature = "cuda")]

@@ -105,6 +105,13 @@ pub(crate) fn hc_pre(
     Ok(())
 }
 
+/// A thread per (token, coordinate), and (tokens, n, dim) as the kernels take them.
+fn per_coordinate(op: &'static str, tokens: usize, s: &HcShape) -> Result<(LaunchConfig, u32, u32, u32)> {
+    let blocks = u32_of(op, "tokens", (tokens * s.dim).div_ceil(THREADS as usize))?;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    Ok((cfg, u32_of(op, "tokens", tokens)?, s.n as u32, u32_of(op, "dim", s.dim)?))
+}
+
 pub(crate) fn hc_post(
     stream: &Stream,
     x: &mut DeviceBuffer<f32>,
@@ -117,13 +124,7 @@ pub(crate) fn hc_post(
     const OP: &str = "hc_post";
     let st = stream.cuda_stream(OP, "x")?;
     let f = backend(stream).function("hc", "di_hc_post")?;
-    let total = tokens * s.dim;
-    let (tokens, n, dim) = (u32_of(OP, "tokens", tokens)?, s.n as u32, u32_of(OP, "dim", s.dim)?);
-    let cfg = LaunchConfig {
-        grid_dim: (u32_of(OP, "tokens", total.div_ceil(THREADS as usize))?, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (cfg, tokens, n, dim) = per_coordinate(OP, tokens, s)?;
     // SAFETY: matches di_hc_post (x, y, post, comb, tokens, n, dim); the op checked x [tokens, n, D],
     // y [tokens, D], post [tokens, n], comb [tokens, n, n]; threads past tokens·D return.
     unsafe {
@@ -152,14 +153,8 @@ pub(crate) fn embed_streams(
     const OP: &str = "embed_streams";
     let st = stream.cuda_stream(OP, "ids")?;
     let f = backend(stream).function("hc", "di_embed_streams")?;
-    let total = tokens * s.dim;
     let vocab = u32_of(OP, "table", table.len() / s.dim)?;
-    let (tokens, n, dim) = (u32_of(OP, "tokens", tokens)?, s.n as u32, u32_of(OP, "dim", s.dim)?);
-    let cfg = LaunchConfig {
-        grid_dim: (u32_of(OP, "tokens", total.div_ceil(THREADS as usize))?, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (cfg, tokens, n, dim) = per_coordinate(OP, tokens, s)?;
     // SAFETY: matches di_embed_streams (ids, table, x, tokens, n, dim, vocab, status); the op
     // checked ids [tokens], table [vocab, D], x [tokens, n, D], status [1]; ids outside the table
     // are not read through.
