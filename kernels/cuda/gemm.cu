@@ -863,3 +863,159 @@ extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_packed_n16(con
                                                                             uint32_t kw) {
     gemm_fp8q<2, 3, true>(xq, sx, w, s, y, p, kw);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Decode GEMMs with FP4 weights and FP8 activations on the matrix units (m <= 16 rows a job, k %
+// 128 == 0, n % 16 == 0, activation quantisation): x comes as e4m3 bytes with 1x128 scales
+// (di_quantize_x_e4m3), the e2m1 weights are widened to e4m3 bytes (exact: every e2m1 value is an
+// e4m3 value) by a byte-permute table, and mma.sync m16n8k32 multiplies them. One mma covers one
+// 32-wide FP4 scale group, so its fp32 result is scaled by that group's row scales and the token's
+// 1x128 scale before it joins the accumulators. A lane (g, t) reads, for each of the 4 groups j of
+// a 128-wide chunk, the 4 bytes (8 values) at 16j + 4t of rows g and g+8: logical k 4t..4t+3 are
+// values 8t..8t+3 of the group, 16+4t.. are 8t+4..8t+7, and x is read with the same map (8
+// contiguous bytes a group). Jobs: rows 0..m of x (dense) or MoE chunks (expert, first permuted
+// row, rows) with x rows through the gather, as the other grouped kernels.
+namespace {
+
+// Eight e2m1 codes (low nibble first) -> eight e4m3 bytes (two words): magnitudes through a
+// byte-permute table (e4m3 of 0, 0.5, 1, 1.5, 2, 3, 4, 6), the sign bit moved to bit 7.
+__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    const uint32_t m = w & 0x77777777u;
+    lo = __byte_perm(0x3C383000u, 0x4C484440u, m & 0xFFFFu);
+    hi = __byte_perm(0x3C383000u, 0x4C484440u, m >> 16);
+    const uint32_t s = w & 0x88888888u;
+    lo |= ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
+    hi |= ((s & 0x80000u) >> 12) | ((s & 0x800000u) >> 8) | ((s & 0x8000000u) >> 4) | (s & 0x80000000u);
+}
+
+template <int NT, int D>
+__device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restrict__ sx, const int32_t* __restrict__ gather,
+                          uint32_t gather_div, const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
+                          __nv_bfloat16* __restrict__ y, DiGemmParams p, uint32_t kw, const int4* __restrict__ chunks,
+                          const int32_t* __restrict__ num_chunks, uint64_t w_stride, uint64_t s_stride) {
+    __shared__ float red[8][NT * 4][32];
+    Rows rows{gather, gather_div, 0, min(p.m, static_cast<uint32_t>(NT * 8))};
+    if (chunks) {
+        if (static_cast<int32_t>(blockIdx.z) >= *num_chunks) return;
+        const int4 c = chunks[blockIdx.z];
+        w += static_cast<uint64_t>(c.x) * w_stride;
+        scale += static_cast<uint64_t>(c.x) * s_stride;
+        rows.row0 = static_cast<uint32_t>(c.y);
+        rows.m = static_cast<uint32_t>(c.z);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t tile = blockIdx.x * (8 / kw) + warp / kw;
+    const uint32_t part = warp % kw;
+    const uint32_t n0 = tile * 16;
+    const uint32_t kc = p.k / 128;
+    const uint32_t per = (kc + kw - 1) / kw;
+    const uint32_t c0 = min(part * per, kc), c1 = (n0 < p.n) ? min(c0 + per, kc) : c0;
+    const uint32_t rg = min(n0 + g, p.n - 1), rh = min(n0 + g + 8, p.n - 1);
+    const uint8_t* wg = w + static_cast<size_t>(rg) * (p.k / 2) + 4 * t;
+    const uint8_t* wh = w + static_cast<size_t>(rh) * (p.k / 2) + 4 * t;
+    const uint8_t* sg = scale + static_cast<size_t>(rg) * (p.k / 32);
+    const uint8_t* sh = scale + static_cast<size_t>(rh) * (p.k / 32);
+    // This lane's x rows (token g of each 8-column operand) and the scale columns' rows (2t, 2t+1).
+    uint32_t xrow[NT], srow[NT][2];
+    bool xok[NT], sok[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t i = nt * 8 + g;
+        xok[nt] = i < rows.m;
+        xrow[nt] = xok[nt] ? rows.src(i) : 0;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const uint32_t ii = nt * 8 + 2 * t + e;
+            sok[nt][e] = ii < rows.m;
+            srow[nt][e] = sok[nt][e] ? rows.src(ii) : 0;
+        }
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    uint32_t wb[D][10];  // per chunk: 4 words of row g, 4 of row g+8, the two rows' 4 scales
+    auto fetch = [&](int sl, uint32_t c) {
+        const size_t o = static_cast<size_t>(c) * 64;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            wb[sl][j] = __ldg(reinterpret_cast<const uint32_t*>(wg + o + 16 * j));
+            wb[sl][4 + j] = __ldg(reinterpret_cast<const uint32_t*>(wh + o + 16 * j));
+        }
+        wb[sl][8] = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * c));
+        wb[sl][9] = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * c));
+    };
+#pragma unroll
+    for (int sl = 0; sl < D; ++sl)
+        if (c0 + sl < c1) fetch(sl, c0 + sl);
+    for (uint32_t cb = c0; cb < c1; cb += D) {
+#pragma unroll
+        for (int sl = 0; sl < D; ++sl) {
+            const uint32_t c = cb + sl;
+            if (c < c1) {
+                uint32_t cur[10];
+#pragma unroll
+                for (int i = 0; i < 10; ++i) cur[i] = wb[sl][i];
+                if (c + D < c1) fetch(sl, c + D);
+                float xs[NT][2];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) xs[nt][e] = sok[nt][e] ? sx[static_cast<size_t>(srow[nt][e]) * kc + c] : 0.f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    uint32_t a[4];
+                    fp4x8_to_e4m3(cur[j], a[0], a[2]);
+                    fp4x8_to_e4m3(cur[4 + j], a[1], a[3]);
+                    const float swg = e8m0(static_cast<uint8_t>(cur[8] >> (8 * j)));
+                    const float swh = e8m0(static_cast<uint8_t>(cur[9] >> (8 * j)));
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        uint2 b = make_uint2(0, 0);
+                        if (xok[nt])
+                            b = __ldg(reinterpret_cast<const uint2*>(xq + static_cast<size_t>(xrow[nt]) * p.k +
+                                                                      static_cast<size_t>(c) * 128 + 32 * j + 8 * t));
+                        float pt[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma_e4m3(pt, a, b.x, b.y);
+                        acc[nt][0] = fmaf(pt[0], swg * xs[nt][0], acc[nt][0]);
+                        acc[nt][1] = fmaf(pt[1], swg * xs[nt][1], acc[nt][1]);
+                        acc[nt][2] = fmaf(pt[2], swh * xs[nt][0], acc[nt][2]);
+                        acc[nt][3] = fmaf(pt[3], swh * xs[nt][1], acc[nt][3]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) red[warp][nt * 4 + j][lane] = acc[nt][j];
+    __syncthreads();
+    if (part != 0 || n0 >= p.n) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float v = 0.f;
+            for (uint32_t q = 0; q < kw; ++q) v += red[warp + q][nt * 4 + j][lane];
+            const uint32_t row = n0 + g + (j >= 2 ? 8 : 0);
+            const uint32_t m = nt * 8 + 2 * t + (j & 1);
+            if (row < p.n && m < rows.m) y[static_cast<size_t>(rows.row0 + m) * p.n + row] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
+}  // namespace
+
+// D: chunks in flight a warp (4 for 8 columns, 2 for 16: registers).
+#define DI_GEMM_FP4Q(NAME, NT, D)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                   \
+        const uint8_t* xq, const float* sx, const int32_t* gather, uint32_t gather_div, const uint8_t* w,          \
+        const uint8_t* s, __nv_bfloat16* y, DiGemmParams p, uint32_t kw, const int4* chunks,                     \
+        const int32_t* num_chunks, uint64_t w_stride, uint64_t s_stride) {                                       \
+        gemm_fp4q<NT, D>(xq, sx, gather, gather_div, w, s, y, p, kw, chunks, num_chunks, w_stride, s_stride);    \
+    }
+DI_GEMM_FP4Q(di_gemm_fp4q_n8, 1, 4)
+DI_GEMM_FP4Q(di_gemm_fp4q_n16, 2, 2)

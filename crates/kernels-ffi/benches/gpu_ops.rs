@@ -120,6 +120,15 @@ fn rope_case(s: &Stream, rng: &mut SplitMix, tokens: u32) -> serde_json::Value {
         "bytes": bytes, "median_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms})
 }
 
+/// How a decode GEMM case runs: as `gemm_lowp` chooses, with the FP8 weights in the packed decode
+/// layout (`gemm_fp8_packed`), or FP4 with the experts' FP8 activation quantisation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Packed,
+    Fp4Quantized,
+}
+
 /// Weight bytes / 4.3 TB/s: the floor issue #7 sets for decode GEMMs.
 const GEMM_FLOOR_BYTES_PER_S: f64 = 4.3e12;
 /// Enough copies of a weight that a timed cycle over them streams more than 4x the 60 MB L2.
@@ -136,9 +145,11 @@ fn gemm_case(
     m: u32,
     n: usize,
     k: usize,
-    packed: bool,
+    mode: Mode,
 ) -> serde_json::Value {
-    let p = GemmParams::new(m, n as u32, k as u32, f == ops::WeightFormat::Fp8Block128);
+    let packed = mode == Mode::Packed;
+    let quantize = f == ops::WeightFormat::Fp8Block128 || mode == Mode::Fp4Quantized;
+    let p = GemmParams::new(m, n as u32, k as u32, quantize);
     // The packed decode layout (FP8 only): the same weights rearranged, through gemm_fp8_packed.
     let run = |s: &Stream,
                x: &DeviceBuffer<bf16>,
@@ -306,12 +317,18 @@ fn main() {
             if !wanted(&format!("gemm {what} m={m}")) {
                 continue;
             }
-            results.push(gemm_case(&s, &mut rng, f, what, m, n, k, false));
+            results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
             if f == Fp8Block128 {
                 // The packed decode layout, and the earlier kernels (bf16 expansion of the weights).
-                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, true));
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Packed));
                 ops::set_fp8_mma_decode(false);
-                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, false));
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
+                ops::set_fp8_mma_decode(true);
+            } else {
+                // FP4 with the experts' FP8 activations: the FP4 x FP8 kernel and the earlier one.
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Fp4Quantized));
+                ops::set_fp8_mma_decode(false);
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Fp4Quantized));
                 ops::set_fp8_mma_decode(true);
             }
         }

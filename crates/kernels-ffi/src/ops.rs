@@ -292,9 +292,10 @@ pub fn gemm_fp8_packed(
 
 static FP8_MMA_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// Whether FP8 GEMMs with activation quantisation and m <= 16 use the FP8 x FP8 matrix-unit
-/// decode kernel on CUDA (the default) or the earlier kernels (bf16 expansion of the weights): a
-/// process-wide switch for A/B benchmarks; results agree within the GEMM tolerance either way.
+/// Whether FP8 and FP4 GEMMs with activation quantisation and m <= 16 (dense, or MoE chunks of up
+/// to 16 rows) use the matrix-unit decode kernels with FP8 activations on CUDA (the default) or the
+/// earlier kernels (bf16 expansion of the weights): a process-wide switch for A/B benchmarks;
+/// results agree within the GEMM tolerance either way.
 pub fn set_fp8_mma_decode(on: bool) {
     FP8_MMA_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
 }

@@ -234,6 +234,24 @@ fn gpu_gemm_lowp_matches_cpu() {
             assert_eq!(from(&gpu.download(&yb).unwrap()), got, "packed m={m} n={n} k={k}");
         }
     }
+    // FP4 weights with activation quantisation, m <= 16, n a multiple of 16: the FP4 x FP8
+    // matrix-unit decode kernel (di_gemm_fp4q_n{8,16}; the grouped form is covered by gpu_moe).
+    for m in [1u32, 2, 5, 8, 9, 16] {
+        for wide in [false, true] {
+            let f = ops::WeightFormat::Fp4Row32;
+            let n = 16 * if wide { 2048 + (rng.next_u64() % 64) as usize } else { 1 + (rng.next_u64() % 40) as usize };
+            let k = 128 * (1 + (rng.next_u64() % if wide { 8 } else { 40 }) as usize);
+            let x: Vec<bf16> = to(&rng.vec(m as usize * k));
+            let (w, sc) = lowp_weights(&mut rng, f, n, k);
+            let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
+            let kernel = ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default();
+            assert!(kernel.starts_with("di_gemm_fp4q_n"), "m={m} n={n} k={k} runs {kernel}");
+            let (want, got) = (gemm_on(&cpu, f, &x, &w, &sc, &p), gemm_on(&gpu, f, &x, &w, &sc, &p));
+            let (rel, max) = rel_err(&got, &want);
+            println!("parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+            assert!(rel < BF16_TOL, "fp4q m={m} n={n} k={k}: rel_err {rel:e}");
+        }
+    }
     // One row, FP8, k = 512 or 1024: the flat kernel (all loads issued up front, several rows a warp).
     for (k, q) in [(512usize, false), (512, true), (1024, true), (1024, false)] {
         let f = ops::WeightFormat::Fp8Block128;

@@ -138,7 +138,7 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
                 &mut ws.y,
                 w.dim,
                 w.inter,
-                false,
+                ws.dispatch.tile <= 16,
             )
             .unwrap()
         })

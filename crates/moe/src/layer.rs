@@ -138,9 +138,12 @@ pub fn forward(
     ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w1.0, &r.w1.1, &mut ws.g, i, d, true)?;
     ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w3.0, &r.w3.1, &mut ws.u, i, d, true)?;
     ops::swiglu(stream, &ws.g, &ws.u, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, i, w.limit, true)?;
-    // h is already on the FP8 grid of its 1×128 blocks: rounding it again would change nothing.
+    // h is already on the FP8 grid of its 1×128 blocks, so quantising it again changes no value; at
+    // decode tiles the flag lets the FP8-activation decode kernels take the down GEMM too (at
+    // prefill tiles it would only add a rounding pass).
     let hin = GroupedInput::Rows(&ws.h);
-    ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, false)?;
+    let requantize = ws.dispatch.tile <= 16;
+    ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)?;
     if let Some(sh) = &w.shared {
         gemm_lowp(stream, sh.format, x, &sh.w1.0, &sh.w1.1, &mut ws.shared_g, &GemmParams::new(t, i, d, true))?;
         gemm_lowp(stream, sh.format, x, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &GemmParams::new(t, i, d, true))?;

@@ -141,6 +141,100 @@ pub(crate) fn uses_fp8_mma_decode(format: crate::ops::WeightFormat, m: u32, n: u
         && crate::ops::fp8_mma_decode()
 }
 
+/// Whether an FP4 GEMM job of up to `rows` rows runs on the FP4 x FP8 decode kernel
+/// (`di_gemm_fp4q_n{8,16}`): activation quantisation (the MoE experts' numerics), rows <= 16,
+/// k % 128 == 0, n % 16 == 0, unless switched off by [`crate::ops::set_fp8_mma_decode`].
+pub(crate) fn uses_fp4_mma_decode(format: crate::ops::WeightFormat, rows: u32, n: u32, k: u32, quantize: bool) -> bool {
+    format == crate::ops::WeightFormat::Fp4Row32
+        && quantize
+        && (1..=16).contains(&rows)
+        && k.is_multiple_of(128)
+        && n.is_multiple_of(16)
+        && crate::ops::fp8_mma_decode()
+}
+
+/// The FP4 x FP8 decode GEMM, dense (rows 0..m, m <= 16) or over MoE chunks (up to 16 rows each,
+/// x rows through the gather): x quantised to e4m3 bytes and 1x128 scales (every x row, once),
+/// then a block per 8 / kw tiles of 16 outputs per job. The caller checked every length.
+#[allow(clippy::too_many_arguments)]
+fn gemm_fp4q_launch(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    gather: Option<(&DeviceBuffer<i32>, u32)>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+    jobs: TcJobs<'_>,
+) -> Result<()> {
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    let be = backend(stream);
+    let rows = (x.len() / p.k as usize) as u32;
+    // SAFETY: uninitialised; di_quantize_x_e4m3 writes every byte of rows * k and every scale of
+    // rows * k / 128 before the GEMM (same stream) reads them.
+    let mut xq = unsafe { s.alloc::<u8>(rows as usize * p.k as usize) }?;
+    let mut sx = unsafe { s.alloc::<f32>(rows as usize * p.k as usize / 128) }?;
+    let blocks = u32::try_from((rows as u64 * (p.k / 128) as u64).div_ceil(8))
+        .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
+    let q = be.function("gemm", "di_quantize_x_e4m3")?;
+    let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: di_quantize_x_e4m3 takes (x, xq, sx, rows, k); x holds rows * k bf16 (rows = its length
+    // / k), xq rows * k bytes, sx rows * k / 128 floats; k % 128 == 0.
+    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xq).arg(&mut sx).arg(&rows).arg(&p.k).launch(qc) }?;
+    let (tile, grid_z) = match &jobs {
+        TcJobs::Dense => (p.m, 1),
+        TcJobs::Grouped { tile, capacity, .. } => (*tile, *capacity),
+    };
+    if grid_z > 65535 {
+        return Err(crate::FfiError::shape("gemm", "m", format!("{grid_z} chunks exceed one launch")));
+    }
+    let name = format!("di_gemm_fp4q_n{}", if tile <= 8 { 8 } else { 16 });
+    let f = be.function("gemm", &name)?;
+    let depth = if tile <= 8 { 4 } else { 2 };
+    let kw = {
+        let kw = (p.k / 128 / depth).clamp(1, 8);
+        1u32 << (31 - kw.leading_zeros())
+    };
+    let cfg = LaunchConfig {
+        grid_dim: ((p.n / 16).div_ceil(8 / kw), 1, grid_z),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (g, gdiv) = match gather {
+        Some((b, div)) => (Some(b), div),
+        None => (None, 1),
+    };
+    let none: u64 = 0;
+    let (chunks, num_chunks, w_stride, s_stride) = match &jobs {
+        TcJobs::Dense => (None, None, 0u64, 0u64),
+        TcJobs::Grouped { chunks, num_chunks, w_stride, s_stride, .. } => {
+            (Some(*chunks), Some(*num_chunks), *w_stride, *s_stride)
+        }
+    };
+    let mut b = s.launch_builder(&f);
+    b.arg(&xq).arg(&sx);
+    match g {
+        Some(gb) => b.arg(gb.cuda()),
+        None => b.arg(&none),
+    };
+    b.arg(&gdiv).arg(w.cuda()).arg(scale.cuda()).arg(y.cuda_mut()).arg(p).arg(&kw);
+    match chunks {
+        Some(c) => b.arg(c.cuda()),
+        None => b.arg(&none),
+    };
+    match num_chunks {
+        Some(c) => b.arg(c.cuda()),
+        None => b.arg(&none),
+    };
+    b.arg(&w_stride).arg(&s_stride);
+    // SAFETY: matches di_gemm_fp4q_n{8,16} (xq, sx, gather, gather_div, w, s, y, params, kw, chunks,
+    // num_chunks, w_stride, s_stride); null gather / chunks pass as 0 (dense rows 0..m, m <= 16);
+    // grouped jobs name experts, rows and gathered pairs inside the checked buffers (as for the
+    // other grouped kernels); n % 16 == 0, k % 128 == 0; tiles past n do nothing.
+    unsafe { b.launch(cfg) }?;
+    Ok(())
+}
+
 /// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: the
 /// FP8 x FP8 decode kernel where it applies (`uses_fp8_mma_decode`), else the
 /// tensor-core kernel (16 outputs a warp, 8 warps, k split across blocks for narrow outputs) from 2
@@ -155,6 +249,9 @@ pub(crate) fn gemm_lowp_kernel(
 ) -> (String, u32) {
     if uses_fp8_mma_decode(format, m, n, k, quantize) {
         return (format!("di_gemm_fp8q_n{}", if m <= 8 { 8 } else { 16 }), 16);
+    }
+    if uses_fp4_mma_decode(format, m, n, k, quantize) {
+        return (format!("di_gemm_fp4q_n{}", if m <= 8 { 8 } else { 16 }), 16);
     }
     let f = match format {
         crate::ops::WeightFormat::Fp8Block128 => "fp8",
@@ -249,6 +346,11 @@ pub(crate) fn gemm_tc_launch(
     p: &crate::params::GemmParams,
     jobs: TcJobs<'_>,
 ) -> Result<()> {
+    if let TcJobs::Grouped { tile, .. } = &jobs {
+        if uses_fp4_mma_decode(format, *tile, p.n, p.k, p.quantize_x != 0) {
+            return gemm_fp4q_launch(stream, x, gather, w, scale, y, p, jobs);
+        }
+    }
     let f = match format {
         crate::ops::WeightFormat::Fp8Block128 => "fp8",
         crate::ops::WeightFormat::Fp4Row32 => "fp4",
@@ -412,6 +514,9 @@ pub(crate) fn gemm_lowp(
     if uses_fp8_mma_decode(format, p.m, p.n, p.k, p.quantize_x != 0) {
         return gemm_fp8q_launch(stream, x, w, scale, y, p, false);
     }
+    if uses_fp4_mma_decode(format, p.m, p.n, p.k, p.quantize_x != 0) {
+        return gemm_fp4q_launch(stream, x, None, w, scale, y, p, TcJobs::Dense);
+    }
     if uses_tensor_cores(format, p.m, p.k, p.quantize_x != 0) {
         return gemm_tc_launch(stream, format, x, None, w, scale, y, p, TcJobs::Dense);
     }
@@ -500,8 +605,8 @@ mod tests {
                 for k in [64u32, 128, 4096] {
                     for q in [false, true] {
                         let (name, _) = gemm_lowp_kernel(f, m, 4096, k, q);
-                        if uses_fp8_mma_decode(f, m, 4096, k, q) {
-                            assert!(name.starts_with("di_gemm_fp8q_n") && m <= 16 && q, "{name}");
+                        if uses_fp8_mma_decode(f, m, 4096, k, q) || uses_fp4_mma_decode(f, m, 4096, k, q) {
+                            assert!(name.starts_with("di_gemm_fp") && name.contains("q_n") && m <= 16 && q, "{name}");
                             continue;
                         }
                         let tc = name.contains("_tc_m") || name.ends_with("_tile128");
