@@ -1,12 +1,14 @@
 // Manifold-constrained hyper-connections and the token embedding (MODEL_V4.md §3-4), reproducing
 // `kernels-ffi::cpu::hc` (issue #7). The residual X is [tokens, n, D] f32 (n <= 4 streams).
 //
-// di_hc_pre: a block per 4 tokens. The flattened streams are read once for the sums of squares and
-//   all (2+n)·n projections (the fn weights are shared by the block's tokens), then one thread per
-//   token derives pre/post/comb (Sinkhorn in the reference's order), and the block collapses the
-//   streams and applies the sublayer's RMSNorm (fused: the collapsed row never goes to memory),
-//   writing the bf16 sublayer input. With head = 1 the site has n mixes (pre only) and the norm is
-//   the model's final norm: the input of the head GEMM.
+// di_hc_mix / di_hc_mix16: the mixes, i.e. the sums of squares of the flattened streams and their
+//   (2+n)·n projections: for few tokens split over (4-token tile, range of the streams) blocks, for
+//   many 16 tokens a block (the fn weights read once per 16 tokens).
+// di_hc_pre: a block per 4 tokens adds those partial sums (in split order), one thread per token
+//   derives pre/post/comb (Sinkhorn in the reference's order), and the block collapses the streams
+//   and applies the sublayer's RMSNorm (fused: the collapsed row never goes to memory), writing the
+//   bf16 sublayer input. With head = 1 the site has n mixes (pre only) and the norm is the model's
+//   final norm: the input of the head GEMM. (With splits = 0 it computes the mixes itself.)
 // di_hc_post: X'_k = post_k·y + Σ_j comb[j,k]·X_j, a thread per (token, coordinate), in the
 //   reference's order without contractions.
 // di_embed_streams: each token's embedding row into all n streams.
@@ -72,6 +74,64 @@ __device__ void mix_partial(const float* __restrict__ x, const float* __restrict
         mix[i / (MAXW + 1)][i % (MAXW + 1)] = v;
     }
     __syncthreads();
+}
+
+// The mixes of many tokens: a block per 16 tokens (four di_hc_pre tiles), warp w owning mixes
+// 3w..3w+2 (24 = 8 warps x 3) for all 16 tokens, lanes striding over the flattened streams, warp 0
+// also summing the squares. Each block reads the fn weights once for 16 tokens (the one-pass path
+// re-reads them per 4). Writes partial[0][tile][TOK][MAXW + 1] for the block's four tiles, the
+// layout di_hc_pre reads with splits = 1.
+constexpr int TOK16 = 16;
+extern "C" __global__ void __launch_bounds__(THREADS) di_hc_mix16(const float* __restrict__ x,
+                                                                  const float* __restrict__ fn_w,
+                                                                  float* __restrict__ partial, uint32_t tokens,
+                                                                  uint32_t n, uint32_t dim, uint32_t head) {
+    const uint32_t nd = n * dim;
+    const uint32_t width = head ? n : (2 + n) * n;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t t0 = blockIdx.x * TOK16;
+    const uint32_t live = min(static_cast<uint32_t>(TOK16), tokens - t0);
+    float acc[TOK16][3];
+    float ss[TOK16];
+#pragma unroll
+    for (int t = 0; t < TOK16; ++t) {
+        ss[t] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) acc[t][j] = 0.f;
+    }
+    for (uint32_t k = lane; k < nd; k += 32) {
+        float w[3];
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            const uint32_t o = 3 * warp + j;
+            w[j] = o < width ? fn_w[static_cast<size_t>(o) * nd + k] : 0.f;
+        }
+#pragma unroll
+        for (int t = 0; t < TOK16; ++t) {
+            const float xv = static_cast<uint32_t>(t) < live ? x[static_cast<size_t>(t0 + t) * nd + k] : 0.f;
+            if (warp == 0) ss[t] += xv * xv;
+#pragma unroll
+            for (int j = 0; j < 3; ++j) acc[t][j] += w[j] * xv;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TOK16; ++t) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float v = j < 3 ? acc[t][j] : ss[t];
+            for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
+            if (lane != 0) continue;
+            // Tile (blockIdx.x * 4 + t / TOK), token t % TOK of it.
+            float* out = partial + (static_cast<size_t>(blockIdx.x) * 4 + t / TOK) * TOK * (MAXW + 1) +
+                         static_cast<size_t>(t % TOK) * (MAXW + 1);
+            if (j < 3) {
+                const uint32_t o = 3 * warp + j;
+                if (o < MAXW) out[o] = v;
+            } else if (warp == 0) {
+                out[MAXW] = v;
+            }
+        }
+    }
 }
 
 // Split pass of the mixes: block (tile, split) sums the flattened streams' range split·chunk ..

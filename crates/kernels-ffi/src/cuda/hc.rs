@@ -43,7 +43,8 @@ pub(crate) fn hc_pre(
     let iters = u32_of(OP, "sinkhorn_iters", s.sinkhorn_iters)?;
     let tiles = (tokens as usize).div_ceil(TOK) as u32;
     // Few tokens: the n·D-long mix sums are spread over (tile, split) blocks first (di_hc_mix),
-    // about two waves of the H200's SMs, each split a multiple of 256 long.
+    // about two waves of the H200's SMs, each split a multiple of 256 long; many tokens: 16 a block
+    // (di_hc_mix16).
     let nd = n * dim;
     let want = if tiles >= HC_SPLIT_BELOW_TILES {
         1
@@ -51,8 +52,32 @@ pub(crate) fn hc_pre(
         (2 * HC_SPLIT_BELOW_TILES).div_ceil(tiles).min(nd / THREADS).max(1)
     };
     let chunk = nd.div_ceil(want).div_ceil(THREADS) * THREADS;
-    let splits = if want > 1 { nd.div_ceil(chunk) } else { 0 };
-    let partial = if splits > 0 {
+    let mut splits = if want > 1 { nd.div_ceil(chunk) } else { 0 };
+    let partial = if splits == 0 {
+        // Many tokens: the mixes of 16 tokens a block (fn read once per 16), then di_hc_pre reads
+        // them as one split.
+        let blocks = tokens.div_ceil(16);
+        // SAFETY: uninitialised; di_hc_mix16 writes every element of its blocks' four tiles (TOK x
+        // (MAXW + 1) floats each, covering all `tiles`) before di_hc_pre (same stream) reads them.
+        let mut pt = unsafe { st.alloc::<f32>(blocks as usize * 4 * TOK * (MAXW + 1)) }?;
+        let m = backend(stream).function("hc", "di_hc_mix16")?;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches di_hc_mix16 (x, fn_w, partial, tokens, n, dim, head); x [tokens, n, D] and
+        // fn_w [width, n·D] were checked by the op (width <= 24 = 8 warps x 3); partial as allocated.
+        unsafe {
+            st.launch_builder(&m)
+                .arg(x.cuda())
+                .arg(site.fn_w.cuda())
+                .arg(&mut pt)
+                .arg(&tokens)
+                .arg(&n)
+                .arg(&dim)
+                .arg(&head)
+                .launch(cfg)
+        }?;
+        splits = 1;
+        pt
+    } else {
         // SAFETY: uninitialised; di_hc_mix writes every element (splits x tiles blocks, TOK x (MAXW
         // + 1) floats each) before di_hc_pre (same stream) reads them.
         let mut pt = unsafe { st.alloc::<f32>(splits as usize * tiles as usize * TOK * (MAXW + 1)) }?;
@@ -72,9 +97,7 @@ pub(crate) fn hc_pre(
                 .arg(&chunk)
                 .launch(cfg)
         }?;
-        Some(pt)
-    } else {
-        None
+        pt
     };
     let cfg = LaunchConfig { grid_dim: (tiles, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem };
     let mut b = st.launch_builder(&f);
@@ -91,16 +114,13 @@ pub(crate) fn hc_pre(
         }
     }
     b.arg(out.cuda_mut());
-    match partial.as_ref() {
-        Some(pt) => b.arg(pt),
-        None => b.arg(x.cuda()),
-    };
-    b.arg(&splits).arg(&tokens).arg(&n).arg(&dim).arg(&head).arg(&iters).arg(&s.hc_eps).arg(&s.norm_eps);
+    b.arg(&partial).arg(&splits).arg(&tokens).arg(&n).arg(&dim).arg(&head).arg(&iters).arg(&s.hc_eps).arg(&s.norm_eps);
     // SAFETY: matches di_hc_pre (x, fn_w, base, scale, norm_w, post, comb, out, partial, splits,
-    // tokens, n, dim, head, iters, hc_eps, norm_eps); partial holds di_hc_mix's sums when splits > 0
-    // (else the kernel does not read it); the op checked x [tokens, n, D], fn_w [width, n·D], base
-    // [width], scale [3] or [1], norm_w [D], out [tokens, D], post [tokens, n] and comb [tokens, n, n]
-    // when not head (with head the kernel writes neither), n <= 4; dynamic shared memory D floats.
+    // tokens, n, dim, head, iters, hc_eps, norm_eps); partial holds the mix sums of di_hc_mix
+    // (splits of every tile) or di_hc_mix16 (one split); the op checked x [tokens, n, D], fn_w
+    // [width, n·D], base [width], scale [3] or [1], norm_w [D], out [tokens, D], post [tokens, n] and
+    // comb [tokens, n, n] when not head (with head the kernel writes neither), n <= 4; dynamic
+    // shared memory D floats.
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
