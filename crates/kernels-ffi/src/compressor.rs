@@ -303,6 +303,86 @@ mod tests {
     use super::*;
     use crate::Device;
 
+    /// The rows one sequence's tokens produce when fed in chunks of the given sizes (state carried
+    /// across calls), as f32, in window order.
+    fn rows_in_chunks(shape: PoolShape, kv: &[f32], gate: &[f32], chunks: &[usize]) -> Vec<f32> {
+        let st = Device::cpu().default_stream();
+        let cw = shape.token_width();
+        let tokens = kv.len() / cw;
+        let windows = tokens / shape.ratio;
+        let up = |v: &[f32]| st.upload(if v.is_empty() { &[0.0][..] } else { v }).unwrap();
+        let ape: Vec<f32> = (0..shape.ratio * cw).map(|i| (i as f32 * 0.37).sin()).collect();
+        let norm: Vec<f32> = (0..shape.width).map(|i| 1.0 + (i as f32 * 0.11).cos() * 0.1).collect();
+        let inv: Vec<f32> = (0..2).map(|i| 0.5f32.powi(i)).collect();
+        let (ape, norm, inv) = (up(&ape), up(&norm), up(&inv));
+        let mut state = CompressState::new(&st, 1, shape).unwrap();
+        let mut pool = st.upload(&vec![bf16::from_f32(f32::NAN); windows.max(1) * shape.width]).unwrap();
+        let mut status = st.zeros::<i32>(1).unwrap();
+        let mut pos = 0usize;
+        for &len in chunks {
+            let seq = CompressSeq { tok_start: 0, tok_count: len as i32, pos0: pos as i32, slot: 0 };
+            let closes = seq.closes(shape.ratio);
+            let rows: Vec<i32> = (0..closes).map(|j| (pos / shape.ratio + j) as i32).collect();
+            let call = CompressShape { pool: shape, rope_dim: 4, batch: 1, max_windows: closes, tokens: len };
+            let (k, g) = (up(&kv[pos * cw..(pos + len) * cw]), up(&gate[pos * cw..(pos + len) * cw]));
+            let (seqs, rows) = (st.upload(&pack_seqs(&[seq])).unwrap(), up_i32(&st, &rows));
+            compress(
+                &st,
+                &k,
+                &g,
+                &ape,
+                &norm,
+                &inv,
+                &seqs,
+                &rows,
+                &mut state,
+                &mut pool,
+                &mut status,
+                call,
+                RowQat::None,
+                1e-6,
+            )
+            .unwrap();
+            assert_eq!(st.download(&status).unwrap()[0], 0);
+            pos += len;
+        }
+        st.download(&pool).unwrap().iter().map(|v| v.to_f32()).collect()
+    }
+
+    fn up_i32(st: &crate::Stream, v: &[i32]) -> DeviceBuffer<i32> {
+        st.upload(if v.is_empty() { &[0][..] } else { v }).unwrap()
+    }
+
+    proptest::proptest! {
+        // How tokens are split into calls does not change a single emitted bit: the state slot
+        // carries the open window and the previous window's first half exactly.
+        #[test]
+        fn rows_do_not_depend_on_the_chunking(
+            ratio in 1usize..6,
+            overlap in proptest::bool::ANY,
+            tokens in 0usize..40,
+            cuts in proptest::collection::vec(0usize..40, 0..6),
+            seed in 0u64..1000,
+        ) {
+            let shape = PoolShape { ratio, width: 8, overlap };
+            let cw = shape.token_width();
+            let val = |i: usize, salt: u64| ((i as u64 * 2654435761 + seed * 97 + salt) % 1000) as f32 / 250.0 - 2.0;
+            let kv: Vec<f32> = (0..tokens * cw).map(|i| val(i, 1)).collect();
+            let gate: Vec<f32> = (0..tokens * cw).map(|i| val(i, 7)).collect();
+            let mut bounds: Vec<usize> = cuts.into_iter().map(|c| c % (tokens + 1)).collect();
+            bounds.push(0);
+            bounds.push(tokens);
+            bounds.sort_unstable();
+            let chunks: Vec<usize> = bounds.windows(2).map(|w| w[1] - w[0]).collect();
+            let whole = rows_in_chunks(shape, &kv, &gate, &[tokens]);
+            let split = rows_in_chunks(shape, &kv, &gate, &chunks);
+            proptest::prop_assert_eq!(
+                whole.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                split.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
     #[test]
     fn closes_counts_window_ends_inside_the_chunk() {
         let s = |pos0, count| CompressSeq { tok_start: 0, tok_count: count, pos0, slot: 0 };

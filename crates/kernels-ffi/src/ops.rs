@@ -392,6 +392,21 @@ mod tests {
         gemm_lowp(&s, WeightFormat::Fp8Block128, &x, &w, &sc, &mut y, &GemmParams::new(1, 4, 64, false)).unwrap();
     }
 
+    proptest::proptest! {
+        // Packing is a permutation of 16-byte pieces: it loses nothing and moves every byte.
+        #[test]
+        fn packing_is_a_lossless_permutation(tiles in 1usize..4, chunks in 1usize..4, seed in proptest::num::u64::ANY) {
+            let (n, k) = (16 * tiles, 128 * chunks);
+            let w: Vec<u8> = (0..n * k).map(|i| (seed.wrapping_mul(6364136223846793005).wrapping_add(i as u64) >> 7) as u8).collect();
+            let packed = pack_fp8_decode(&w, n, k);
+            proptest::prop_assert_eq!(unpack_fp8_decode(&packed, n, k), w.clone());
+            let (mut a, mut b) = (w, packed);
+            a.sort_unstable();
+            b.sort_unstable();
+            proptest::prop_assert_eq!(a, b);
+        }
+    }
+
     #[test]
     fn packed_fp8_weights_round_trip_and_multiply_like_the_plain_ones() {
         let (n, k) = (32usize, 256usize);
