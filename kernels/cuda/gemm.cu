@@ -709,6 +709,49 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 // sides. PACKED: W in the decode layout (`ops::pack_fp8_decode`): per 16-row tile and 128-wide
 // chunk, the 2 KB a warp reads as four 512-byte runs (one per load instruction, lane by lane), so
 // every load instruction of a warp is contiguous and consecutive chunks are adjacent in memory.
+// Where a warp of the m16n8k32 decode kernels works: kw warps share a 16-row tile (k split among
+// them in runs of `per` 128-wide chunks), a block of 8 warps covers 8 / kw tiles. Tiles past n get
+// an empty run.
+struct TileSplit {
+    uint32_t tile, part, n0, kc, c0, c1;
+    __device__ __forceinline__ TileSplit(uint32_t warp, uint32_t kw, const DiGemmParams& p) {
+        tile = blockIdx.x * (8 / kw) + warp / kw;
+        part = warp % kw;
+        n0 = tile * 16;
+        kc = p.k / 128;
+        const uint32_t per = (kc + kw - 1) / kw;
+        c0 = min(part * per, kc);
+        c1 = (n0 < p.n) ? min(c0 + per, kc) : c0;
+    }
+};
+
+// The kw warps of a tile add their fp32 accumulators (rows n0+g and n0+g+8, columns nt*8 + 2t +
+// {0, 1}) in warp order through shared memory; the tile's first warp writes y rows row0 + column
+// (columns below m) as bf16.
+template <int NT>
+__device__ __forceinline__ void reduce_store(float (&red)[8][NT * 4][32], const float (&acc)[NT][4], int warp, int lane,
+                                             const TileSplit& sp, uint32_t kw, uint32_t n, uint32_t m, uint32_t row0,
+                                             __nv_bfloat16* __restrict__ y) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) red[warp][nt * 4 + j][lane] = acc[nt][j];
+    __syncthreads();
+    if (sp.part != 0 || sp.n0 >= n) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float v = 0.f;
+            for (uint32_t q = 0; q < kw; ++q) v += red[warp + q][nt * 4 + j][lane];
+            const uint32_t row = sp.n0 + g + (j >= 2 ? 8 : 0);
+            const uint32_t col = nt * 8 + 2 * t + (j & 1);
+            if (row < n && col < m) y[static_cast<size_t>(row0 + col) * n + row] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
 // D chunks of 128 k (16 rows of W each) in flight per warp: a register ring refilled as each chunk
 // is consumed. kw warps share a 16-row tile (k split among them); a block of 8 warps covers 8 / kw
 // tiles.
@@ -718,13 +761,9 @@ __device__ void gemm_fp8q(const uint8_t* __restrict__ xq, const float* __restric
     __shared__ float red[8][NT * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const uint32_t tiles_per_block = 8 / kw;
-    const uint32_t tile = blockIdx.x * tiles_per_block + warp / kw;
-    const uint32_t part = warp % kw;
-    const uint32_t n0 = tile * 16;
-    const uint32_t kc = p.k / 128;
-    const uint32_t per = (kc + kw - 1) / kw;
-    const uint32_t c0 = min(part * per, kc), c1 = (n0 < p.n) ? min(c0 + per, kc) : c0;
+    const TileSplit sp(warp, kw, p);
+    const uint32_t n0 = sp.n0, kc = sp.kc, c0 = sp.c0, c1 = sp.c1;
+    const uint32_t tile = sp.tile;
     const uint32_t rg = min(n0 + g, p.n - 1), rh = min(n0 + g + 8, p.n - 1);
     const uint8_t* wg = w + static_cast<size_t>(rg) * p.k + t * 16;
     const uint8_t* wh = w + static_cast<size_t>(rh) * p.k + t * 16;
@@ -799,23 +838,7 @@ __device__ void gemm_fp8q(const uint8_t* __restrict__ xq, const float* __restric
             }
         }
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) red[warp][nt * 4 + j][lane] = acc[nt][j];
-    __syncthreads();
-    if (part != 0 || n0 >= p.n) return;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float v = 0.f;
-            for (uint32_t q = 0; q < kw; ++q) v += red[warp + q][nt * 4 + j][lane];
-            const uint32_t row = n0 + g + (j >= 2 ? 8 : 0);
-            const uint32_t tok = nt * 8 + 2 * t + (j & 1);
-            if (row < p.n && tok < p.m) y[static_cast<size_t>(tok) * p.n + row] = __float2bfloat16_rn(v);
-        }
-    }
+    reduce_store<NT>(red, acc, warp, lane, sp, kw, p.n, p.m, 0, y);
 }
 
 }  // namespace
@@ -905,12 +928,8 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const uint32_t tile = blockIdx.x * (8 / kw) + warp / kw;
-    const uint32_t part = warp % kw;
-    const uint32_t n0 = tile * 16;
-    const uint32_t kc = p.k / 128;
-    const uint32_t per = (kc + kw - 1) / kw;
-    const uint32_t c0 = min(part * per, kc), c1 = (n0 < p.n) ? min(c0 + per, kc) : c0;
+    const TileSplit sp(warp, kw, p);
+    const uint32_t n0 = sp.n0, kc = sp.kc, c0 = sp.c0, c1 = sp.c1;
     const uint32_t rg = min(n0 + g, p.n - 1), rh = min(n0 + g + 8, p.n - 1);
     const uint8_t* wg = w + static_cast<size_t>(rg) * (p.k / 2) + 4 * t;
     const uint8_t* wh = w + static_cast<size_t>(rh) * (p.k / 2) + 4 * t;
@@ -988,23 +1007,7 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
             }
         }
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) red[warp][nt * 4 + j][lane] = acc[nt][j];
-    __syncthreads();
-    if (part != 0 || n0 >= p.n) return;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float v = 0.f;
-            for (uint32_t q = 0; q < kw; ++q) v += red[warp + q][nt * 4 + j][lane];
-            const uint32_t row = n0 + g + (j >= 2 ? 8 : 0);
-            const uint32_t m = nt * 8 + 2 * t + (j & 1);
-            if (row < p.n && m < rows.m) y[static_cast<size_t>(rows.row0 + m) * p.n + row] = __float2bfloat16_rn(v);
-        }
-    }
+    reduce_store<NT>(red, acc, warp, lane, sp, kw, p.n, rows.m, rows.row0, y);
 }
 
 }  // namespace

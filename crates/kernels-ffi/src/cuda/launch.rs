@@ -190,11 +190,8 @@ fn gemm_fp4q_launch(
     }
     let name = format!("di_gemm_fp4q_n{}", if tile <= 8 { 8 } else { 16 });
     let f = be.function("gemm", &name)?;
-    let depth = if tile <= 8 { 4 } else { 2 };
-    let kw = {
-        let kw = (p.k / 128 / depth).clamp(1, 8);
-        1u32 << (31 - kw.leading_zeros())
-    };
+    // Chunks in flight a warp: D in di_gemm_fp4q_n{8,16}.
+    let kw = warps_per_tile(p.k, if tile <= 8 { 4 } else { 2 });
     let cfg = LaunchConfig {
         grid_dim: ((p.n / 16).div_ceil(8 / kw), 1, grid_z),
         block_dim: (256, 1, 1),
@@ -449,9 +446,13 @@ pub(crate) fn gemm_tc_launch(
 /// chunk a warp (8 warps a tile at k = 1024) wq_b at m = 16 ran at 0.16-0.32 of the bandwidth
 /// floor, with four chunks a warp at 0.34-0.37 (benches/results/2026-11-30-gemm-decode/fp8-mma).
 pub(crate) fn fp8q_warps_per_tile(m: u32, k: u32) -> u32 {
-    let depth = if m <= 8 { 4 } else { 3 };
+    warps_per_tile(k, if m <= 8 { 4 } else { 3 })
+}
+
+/// Warps sharing a 16-row tile of the m16n8k32 decode kernels when each keeps `depth` 128-wide
+/// chunks of k in flight: about `depth` chunks a warp, a power of two up to 8 (8 / kw tiles a block).
+fn warps_per_tile(k: u32, depth: u32) -> u32 {
     let kw = (k / 128 / depth).clamp(1, 8);
-    // A power of two (8 / kw tiles a block).
     1 << (31 - kw.leading_zeros())
 }
 
