@@ -39,18 +39,18 @@ pub struct SampleRow {
 
 /// Parameters, scratch and results of [`sample`] for up to `batch` rows of `vocab` logits.
 pub struct SamplerWorkspace {
-    batch: usize,
-    vocab: usize,
-    top_stride: usize,
-    fparams: DeviceBuffer<f32>,
-    iparams: DeviceBuffer<i32>,
+    pub(crate) batch: usize,
+    pub(crate) vocab: usize,
+    pub(crate) top_stride: usize,
+    pub(crate) fparams: DeviceBuffer<f32>,
+    pub(crate) iparams: DeviceBuffer<i32>,
     /// Per-entry masses, u64 on the device (two i32 each).
-    mass: DeviceBuffer<i32>,
-    token: DeviceBuffer<i32>,
-    logprob: DeviceBuffer<f32>,
-    top_ids: DeviceBuffer<i32>,
-    top_lp: DeviceBuffer<f32>,
-    status: DeviceBuffer<i32>,
+    pub(crate) mass: DeviceBuffer<i32>,
+    pub(crate) token: DeviceBuffer<i32>,
+    pub(crate) logprob: DeviceBuffer<f32>,
+    pub(crate) top_ids: DeviceBuffer<i32>,
+    pub(crate) top_lp: DeviceBuffer<f32>,
+    pub(crate) status: DeviceBuffer<i32>,
 }
 
 impl SamplerWorkspace {
@@ -207,39 +207,6 @@ pub fn sample(
     }
     #[cfg(not(feature = "cuda"))]
     unreachable!("without the CUDA backend every stream is a CPU stream")
-}
-
-#[cfg(feature = "cuda")]
-impl SamplerWorkspace {
-    /// Buffers in kernel argument order, for the CUDA launch.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn parts(
-        &mut self,
-    ) -> (
-        usize,
-        usize,
-        &DeviceBuffer<f32>,
-        &DeviceBuffer<i32>,
-        &mut DeviceBuffer<i32>,
-        &mut DeviceBuffer<i32>,
-        &mut DeviceBuffer<f32>,
-        &mut DeviceBuffer<i32>,
-        &mut DeviceBuffer<f32>,
-        &mut DeviceBuffer<i32>,
-    ) {
-        (
-            self.vocab,
-            self.top_stride,
-            &self.fparams,
-            &self.iparams,
-            &mut self.mass,
-            &mut self.token,
-            &mut self.logprob,
-            &mut self.top_ids,
-            &mut self.top_lp,
-            &mut self.status,
-        )
-    }
 }
 
 #[cfg(test)]

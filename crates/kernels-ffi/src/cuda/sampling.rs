@@ -12,8 +12,7 @@ use super::launch::backend;
 pub(crate) fn sample(stream: &Stream, logits: &DeviceBuffer<f32>, rows: u32, ws: &mut SamplerWorkspace) -> Result<()> {
     let s = stream.cuda_stream("sample", "logits")?;
     let f = backend(stream).function("sampling", "di_sample")?;
-    let (vocab, top_stride, fp, ip, mass, token, logprob, top_ids, top_lp, status) = ws.parts();
-    let (vocab, top_stride) = (vocab as u32, top_stride as u32);
+    let (vocab, top_stride) = (ws.vocab as u32, ws.top_stride as u32);
     let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: matches di_sample (logits, vocab, fparams, iparams, mass, token, logprob, top_ids,
     // top_lp, top_stride, status); the workspace holds at least `rows` rows of each ([rows, 4],
@@ -23,15 +22,15 @@ pub(crate) fn sample(stream: &Stream, logits: &DeviceBuffer<f32>, rows: u32, ws:
         s.launch_builder(&f)
             .arg(logits.cuda())
             .arg(&vocab)
-            .arg(fp.cuda())
-            .arg(ip.cuda())
-            .arg(mass.cuda_mut())
-            .arg(token.cuda_mut())
-            .arg(logprob.cuda_mut())
-            .arg(top_ids.cuda_mut())
-            .arg(top_lp.cuda_mut())
+            .arg(ws.fparams.cuda())
+            .arg(ws.iparams.cuda())
+            .arg(ws.mass.cuda_mut())
+            .arg(ws.token.cuda_mut())
+            .arg(ws.logprob.cuda_mut())
+            .arg(ws.top_ids.cuda_mut())
+            .arg(ws.top_lp.cuda_mut())
             .arg(&top_stride)
-            .arg(status.cuda_mut())
+            .arg(ws.status.cuda_mut())
             .launch(cfg)
     }?;
     Ok(())
