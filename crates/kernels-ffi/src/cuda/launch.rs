@@ -153,6 +153,30 @@ pub(crate) fn uses_fp4_mma_decode(format: crate::ops::WeightFormat, rows: u32, n
         && crate::ops::fp8_mma_decode()
 }
 
+/// The first `rows` rows of x [.., k] (k % 128 == 0; the caller checked x holds them) as e4m3 bytes
+/// and one power-of-two scale per 1x128 block (`di_quantize_x_e4m3`, the official activation
+/// quantisation), for the FP8-activation decode GEMMs later on the same stream.
+fn quantize_x_e4m3(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    rows: u32,
+    k: u32,
+) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<f32>)> {
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    // SAFETY: uninitialised; di_quantize_x_e4m3 writes every byte of rows * k and every scale of
+    // rows * k / 128 before the GEMM (same stream) reads them.
+    let mut xq = unsafe { s.alloc::<u8>(rows as usize * k as usize) }?;
+    let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
+    let blocks = u32::try_from((rows as u64 * (k / 128) as u64).div_ceil(8))
+        .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
+    let q = backend(stream).function("gemm", "di_quantize_x_e4m3")?;
+    let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: di_quantize_x_e4m3 takes (x, xq, sx, rows, k); x holds at least rows * k bf16, xq rows
+    // * k bytes, sx rows * k / 128 floats; k % 128 == 0; warps past rows * k / 128 return.
+    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xq).arg(&mut sx).arg(&rows).arg(&k).launch(qc) }?;
+    Ok((xq, sx))
+}
+
 /// The FP4 x FP8 decode GEMM, dense (rows 0..m, m <= 16) or over MoE chunks (up to 16 rows each,
 /// x rows through the gather): x quantised to e4m3 bytes and 1x128 scales (every x row, once),
 /// then a block per 8 / kw tiles of 16 outputs per job. The caller checked every length.
@@ -169,18 +193,8 @@ fn gemm_fp4q_launch(
 ) -> Result<()> {
     let s = stream.cuda_stream("gemm_lowp", "x")?;
     let be = backend(stream);
-    let rows = (x.len() / p.k as usize) as u32;
-    // SAFETY: uninitialised; di_quantize_x_e4m3 writes every byte of rows * k and every scale of
-    // rows * k / 128 before the GEMM (same stream) reads them.
-    let mut xq = unsafe { s.alloc::<u8>(rows as usize * p.k as usize) }?;
-    let mut sx = unsafe { s.alloc::<f32>(rows as usize * p.k as usize / 128) }?;
-    let blocks = u32::try_from((rows as u64 * (p.k / 128) as u64).div_ceil(8))
-        .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
-    let q = be.function("gemm", "di_quantize_x_e4m3")?;
-    let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: di_quantize_x_e4m3 takes (x, xq, sx, rows, k); x holds rows * k bf16 (rows = its length
-    // / k), xq rows * k bytes, sx rows * k / 128 floats; k % 128 == 0.
-    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xq).arg(&mut sx).arg(&rows).arg(&p.k).launch(qc) }?;
+    // Every row of x: grouped jobs reach them through the gather.
+    let (xq, sx) = quantize_x_e4m3(stream, x, (x.len() / p.k as usize) as u32, p.k)?;
     let (tile, grid_z) = match &jobs {
         TcJobs::Dense => (p.m, 1),
         TcJobs::Grouped { tile, capacity, .. } => (*tile, *capacity),
@@ -469,17 +483,7 @@ pub(crate) fn gemm_fp8q_launch(
 ) -> Result<()> {
     let s = stream.cuda_stream("gemm_lowp", "x")?;
     let be = backend(stream);
-    let (m, k) = (p.m as usize, p.k as usize);
-    // SAFETY: uninitialised; di_quantize_x_e4m3 writes every byte of m * k and every scale of
-    // m * k / 128 before the GEMM (same stream) reads them.
-    let mut xq = unsafe { s.alloc::<u8>(m * k) }?;
-    let mut sx = unsafe { s.alloc::<f32>(m * k / 128) }?;
-    let blocks = p.m * (p.k / 128);
-    let q = be.function("gemm", "di_quantize_x_e4m3")?;
-    let qc = LaunchConfig { grid_dim: (blocks.div_ceil(8), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: di_quantize_x_e4m3 takes (x, xq, sx, rows, k); x holds m * k bf16, xq m * k bytes, sx
-    // m * k / 128 floats; k % 128 == 0; warps past rows * k / 128 return.
-    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xq).arg(&mut sx).arg(&p.m).arg(&p.k).launch(qc) }?;
+    let (xq, sx) = quantize_x_e4m3(stream, x, p.m, p.k)?;
     let name = format!("di_gemm_fp8q_{}n{}", if packed { "packed_" } else { "" }, if p.m <= 8 { 8 } else { 16 });
     let f = be.function("gemm", &name)?;
     let kw = fp8q_warps_per_tile(p.m, p.k);
