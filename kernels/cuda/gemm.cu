@@ -45,6 +45,21 @@ struct Rows {
     }
 };
 
+// A grouped (MoE) job: block z takes chunks[z] = (expert, first permuted row, rows), moving w and
+// scale to the expert's matrices (w_stride / s_stride bytes apart) and rows to its chunk; false for
+// jobs past *num_chunks (the block has nothing to do).
+__device__ __forceinline__ bool take_chunk(const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
+                                           uint64_t w_stride, uint64_t s_stride, const uint8_t* __restrict__& w,
+                                           const uint8_t* __restrict__& scale, Rows& rows) {
+    if (static_cast<int32_t>(blockIdx.z) >= *num_chunks) return false;
+    const int4 c = chunks[blockIdx.z];
+    w += static_cast<uint64_t>(c.x) * w_stride;
+    scale += static_cast<uint64_t>(c.x) * s_stride;
+    rows.row0 = static_cast<uint32_t>(c.y);
+    rows.m = static_cast<uint32_t>(c.z);
+    return true;
+}
+
 // x[rows, k0:k0+kt] -> xs[MT][KT] (tile rows >= m are zero), optionally FP8-rounded per 1x128 block.
 template <int MT>
 __device__ void load_x(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* xs, const Rows& rows, uint32_t k,
@@ -349,14 +364,7 @@ __device__ void gemm_tc(const __nv_bfloat16* __restrict__ x, const int32_t* __re
     constexpr int NB = MT > 8 ? 2 : 1;  // 8-column B operands
     __shared__ __align__(16) __nv_bfloat16 xs[MT * KT];
     Rows rows{gather, gather_div, blockIdx.z * MT, min(static_cast<uint32_t>(MT), p.m - min(p.m, blockIdx.z * MT))};
-    if (chunks) {
-        if (static_cast<int32_t>(blockIdx.z) >= *num_chunks) return;
-        const int4 c = chunks[blockIdx.z];
-        w += static_cast<uint64_t>(c.x) * w_stride;
-        scale += static_cast<uint64_t>(c.x) * s_stride;
-        rows.row0 = static_cast<uint32_t>(c.y);
-        rows.m = static_cast<uint32_t>(c.z);
-    }
+    if (chunks && !take_chunk(chunks, num_chunks, w_stride, s_stride, w, scale, rows)) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const uint32_t n0 = (blockIdx.x * WARPS + warp) * 16;
@@ -494,14 +502,7 @@ __device__ void gemm_tile(const __nv_bfloat16* __restrict__ x, const int32_t* __
     extern __shared__ __align__(16) unsigned char tile_smem[];
     __nv_bfloat16* const stage0 = reinterpret_cast<__nv_bfloat16*>(tile_smem);
     Rows rows{gather, gather_div, blockIdx.z * BM, min(static_cast<uint32_t>(BM), p.m - min(p.m, blockIdx.z * BM))};
-    if (chunks) {
-        if (static_cast<int32_t>(blockIdx.z) >= *num_chunks) return;
-        const int4 c = chunks[blockIdx.z];
-        w += static_cast<uint64_t>(c.x) * w_stride;
-        scale += static_cast<uint64_t>(c.x) * s_stride;
-        rows.row0 = static_cast<uint32_t>(c.y);
-        rows.m = static_cast<uint32_t>(c.z);
-    }
+    if (chunks && !take_chunk(chunks, num_chunks, w_stride, s_stride, w, scale, rows)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
     const uint32_t n0 = blockIdx.x * BN;
@@ -918,14 +919,7 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
                           const int32_t* __restrict__ num_chunks, uint64_t w_stride, uint64_t s_stride) {
     __shared__ float red[8][NT * 4][32];
     Rows rows{gather, gather_div, 0, min(p.m, static_cast<uint32_t>(NT * 8))};
-    if (chunks) {
-        if (static_cast<int32_t>(blockIdx.z) >= *num_chunks) return;
-        const int4 c = chunks[blockIdx.z];
-        w += static_cast<uint64_t>(c.x) * w_stride;
-        scale += static_cast<uint64_t>(c.x) * s_stride;
-        rows.row0 = static_cast<uint32_t>(c.y);
-        rows.m = static_cast<uint32_t>(c.z);
-    }
+    if (chunks && !take_chunk(chunks, num_chunks, w_stride, s_stride, w, scale, rows)) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const TileSplit sp(warp, kw, p);
