@@ -165,7 +165,7 @@ fn gemm_case(
     let kernel = if packed {
         format!("di_gemm_fp8q_packed_n{}", if m <= 8 { 8 } else { 16 })
     } else {
-        ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default()
+        ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default()
     };
     let (wb, sb) = f.bytes(n, k);
     let w: Vec<u8> = (0..wb).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(rng.next_u64())).collect();
@@ -266,14 +266,14 @@ fn prefill_case(s: &Stream, rng: &mut SplitMix, what: &str, m: u32, n: usize, k:
     let ms_bf16 = time_ms(s, || ops::gemm_bf16(s, &xb, &wbfb, &mut y, &pb).unwrap());
     println!(
         "prefill gemm {what:<18} {:<20} FP8 m={m} n={n} k={k}  median {ms:>8.4} ms  {:.0} TFLOP/s  FP8 floor {floor_ms:.4} ms  achieved/floor {:.3} | cuBLASLt bf16 {ms_bf16:.4} ms ({:.0} TFLOP/s, achieved/bf16 floor {:.3})  rel_err(16 rows) {rel:.1e}",
-        ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(),
+        ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default(),
         flops / (ms * 1e-3) / 1e12,
         floor_ms / ms,
         flops / (ms_bf16 * 1e-3) / 1e12,
         flops / BF16_FLOP_PER_S * 1e3 / ms_bf16,
     );
     serde_json::json!({"op": "gemm_lowp_prefill", "weights": what, "format": "Fp8Block128", "m": m, "n": n, "k": k,
-        "kernel": ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default(), "quantize_x": true, "flops": flops,
+        "kernel": ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default(), "quantize_x": true, "flops": flops,
         "median_ms": ms, "fp8_floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
         "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_tflop_per_s": flops / (ms_bf16 * 1e-3) / 1e12, "rel_err_vs_cpu_first_16_rows": rel})
 }
@@ -333,12 +333,20 @@ fn main() {
             }
         }
     }
-    // Prefill-shaped FP8 GEMMs (4096 tokens).
+    // Prefill-shaped FP8 GEMMs (4096 and 16384 tokens): the wgmma kernel (on an sm_90 GPU), then
+    // the same shape on the earlier tiled kernel (DEEPINFER_BENCH_ONLY=wgmma / =tiled picks one).
     for (what, n, k) in [("attn.wq_b", 32768, 1024), ("attn.wo_b", 4096, 8192), ("shared_experts.w1", 2048, 4096)] {
-        if !wanted(&format!("prefill {what}")) {
-            continue;
+        for m in [4096u32, 16384] {
+            for wgmma in [true, false] {
+                let label = format!("prefill {what} m={m} {}", if wgmma { "wgmma" } else { "tiled" });
+                if !wanted(&label) || (m > 4096 && !wgmma) {
+                    continue;
+                }
+                ops::set_fp8_wgmma(wgmma);
+                results.push(prefill_case(&s, &mut rng, what, m, n, k));
+                ops::set_fp8_wgmma(true);
+            }
         }
-        results.push(prefill_case(&s, &mut rng, what, 4096, n, k));
     }
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
     let gpu = report.gpus.first().map(|g| g.name.clone()).unwrap_or_default();

@@ -305,16 +305,32 @@ pub fn fp8_mma_decode() -> bool {
     FP8_MMA_DECODE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The CUDA entry point `gemm_lowp` launches for this shape; `None` without the CUDA backend.
-pub fn gemm_lowp_cuda_kernel(format: WeightFormat, p: &GemmParams) -> Option<String> {
-    #[cfg(feature = "cuda")]
-    {
-        Some(crate::cuda::launch::gemm_lowp_kernel(format, p.m, p.n, p.k, p.quantize_x != 0).0)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (format, p);
-        None
+static FP8_WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether FP8 GEMMs with activation quantisation and more than 32 rows use the Hopper wgmma
+/// kernel on an sm_90 GPU (the default) or the earlier tiled kernel (weights expanded to bf16): a
+/// process-wide switch for A/B benchmarks; results agree within the GEMM tolerance either way.
+pub fn set_fp8_wgmma(on: bool) {
+    FP8_WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_fp8_wgmma`] sets.
+pub fn fp8_wgmma() -> bool {
+    FP8_WGMMA.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The CUDA entry point `gemm_lowp` launches for this shape on `stream`'s GPU; `None` on the CPU
+/// or without the CUDA backend.
+pub fn gemm_lowp_cuda_kernel(stream: &Stream, format: WeightFormat, p: &GemmParams) -> Option<String> {
+    match stream.device() {
+        #[cfg(feature = "cuda")]
+        crate::device::Device::Cuda(b) => {
+            Some(crate::cuda::launch::gemm_lowp_kernel(b.is_sm90(), format, p.m, p.n, p.k, p.quantize_x != 0).0)
+        }
+        _ => {
+            let _ = (format, p);
+            None
+        }
     }
 }
 

@@ -202,7 +202,7 @@ fn gpu_gemm_lowp_matches_cpu() {
             let want = gemm_on(&cpu, f, &x, &w, &sc, &p);
             let got = gemm_on(&gpu, f, &x, &w, &sc, &p);
             let (rel, max) = rel_err(&got, &want);
-            let kernel = ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default();
+            let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
             println!("parity gemm {kernel} quantize_x={q} m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
             assert!(rel < BF16_TOL, "gemm {f:?} q={q} m={m} n={n} k={k}: rel_err {rel:e}");
         }
@@ -220,7 +220,7 @@ fn gpu_gemm_lowp_matches_cpu() {
             let x: Vec<bf16> = to(&rng.vec(m as usize * k));
             let (w, sc) = lowp_weights(&mut rng, f, n, k);
             let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
-            let kernel = ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default();
+            let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
             assert!(kernel.starts_with("di_gemm_fp8q_n"), "m={m} n={n} k={k} runs {kernel}");
             let (want, got) = (gemm_on(&cpu, f, &x, &w, &sc, &p), gemm_on(&gpu, f, &x, &w, &sc, &p));
             let (rel, max) = rel_err(&got, &want);
@@ -244,13 +244,38 @@ fn gpu_gemm_lowp_matches_cpu() {
             let x: Vec<bf16> = to(&rng.vec(m as usize * k));
             let (w, sc) = lowp_weights(&mut rng, f, n, k);
             let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
-            let kernel = ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default();
+            let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
             assert!(kernel.starts_with("di_gemm_fp4q_n"), "m={m} n={n} k={k} runs {kernel}");
             let (want, got) = (gemm_on(&cpu, f, &x, &w, &sc, &p), gemm_on(&gpu, f, &x, &w, &sc, &p));
             let (rel, max) = rel_err(&got, &want);
             println!("parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
             assert!(rel < BF16_TOL, "fp4q m={m} n={n} k={k}: rel_err {rel:e}");
         }
+    }
+    // FP8 weights with activation quantisation, m > 32, n % 16 == 0: on an sm_90 GPU the wgmma
+    // kernel (di_gemm_fp8_wgmma): partial 128-row tiles in m and n (TMA zero fill), one k block
+    // and more k blocks than ring stages, more tiles than SMs (the persistent loop), and the same
+    // shape with the kernel switched off (the tiled kernel) within the same tolerance.
+    for (m, n, k) in
+        [(33u32, 16usize, 128usize), (100, 400, 1024), (128, 128, 896), (300, 2064, 4096), (1000, 4096, 2048)]
+    {
+        let f = ops::WeightFormat::Fp8Block128;
+        let x: Vec<bf16> = to(&rng.vec(m as usize * k));
+        let (w, sc) = lowp_weights(&mut rng, f, n, k);
+        let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
+        let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
+        let want = gemm_on(&cpu, f, &x, &w, &sc, &p);
+        let got = gemm_on(&gpu, f, &x, &w, &sc, &p);
+        ops::set_fp8_wgmma(false);
+        let tiled = gemm_on(&gpu, f, &x, &w, &sc, &p);
+        ops::set_fp8_wgmma(true);
+        let (rel, max) = rel_err(&got, &want);
+        let (rel_tiled, _) = rel_err(&tiled, &want);
+        println!(
+            "parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tiled kernel {rel_tiled:.3e}; tol {BF16_TOL:.0e})"
+        );
+        assert!(rel < BF16_TOL, "fp8 prefill m={m} n={n} k={k}: rel_err {rel:e}");
+        assert!(rel_tiled < BF16_TOL, "fp8 tiled m={m} n={n} k={k}: rel_err {rel_tiled:e}");
     }
     // One row, FP8, k = 512 or 1024: the flat kernel (all loads issued up front, several rows a warp).
     for (k, q) in [(512usize, false), (512, true), (1024, true), (1024, false)] {
@@ -261,7 +286,7 @@ fn gpu_gemm_lowp_matches_cpu() {
         let p = deepinfer_kernels_ffi::GemmParams::new(1, n as u32, k as u32, q);
         let (want, got) = (gemm_on(&cpu, f, &x, &w, &sc, &p), gemm_on(&gpu, f, &x, &w, &sc, &p));
         let (rel, max) = rel_err(&got, &want);
-        let kernel = ops::gemm_lowp_cuda_kernel(f, &p).unwrap_or_default();
+        let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
         println!("parity gemm {kernel} quantize_x={q} m=1 n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
         assert!(rel < BF16_TOL, "flat gemv q={q} n={n} k={k}: rel_err {rel:e}");
     }

@@ -20,6 +20,10 @@ pub struct CudaBackend {
     smem_limits: Mutex<HashMap<String, u32>>,
     /// cuBLASLt handles (each with its 32 MiB workspace) per stream, made on first use.
     blas_lt: Mutex<Vec<(Arc<CudaStream>, Arc<cudarc::cublaslt::CudaBlasLT>)>>,
+    /// Compute capability (major, minor): kernels built for sm_90a only (wgmma) run on (9, 0).
+    capability: (i32, i32),
+    /// Streaming multiprocessors: the grid of persistent kernels.
+    sm_count: u32,
 }
 
 impl CudaBackend {
@@ -31,6 +35,9 @@ impl CudaBackend {
         }
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.default_stream();
+        let capability = ctx.compute_capability()?;
+        let sm_count =
+            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Arc::new(CudaBackend {
             ctx,
             stream,
@@ -38,11 +45,22 @@ impl CudaBackend {
             functions: Mutex::new(HashMap::new()),
             smem_limits: Mutex::new(HashMap::new()),
             blas_lt: Mutex::new(Vec::new()),
+            capability,
+            sm_count: sm_count.max(1) as u32,
         }))
     }
 
     pub fn ordinal(&self) -> usize {
         self.ctx.ordinal()
+    }
+
+    /// Whether this is a Hopper (compute capability 9.0): the sm_90a-only kernels (wgmma, TMA) apply.
+    pub fn is_sm90(&self) -> bool {
+        self.capability == (9, 0)
+    }
+
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {

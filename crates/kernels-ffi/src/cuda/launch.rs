@@ -156,7 +156,7 @@ pub(crate) fn uses_fp4_mma_decode(format: crate::ops::WeightFormat, rows: u32, n
 /// The first `rows` rows of x [.., k] (k % 128 == 0; the caller checked x holds them) as e4m3 bytes
 /// and one power-of-two scale per 1x128 block (`di_quantize_x_e4m3`, the official activation
 /// quantisation), for the FP8-activation decode GEMMs later on the same stream.
-fn quantize_x_e4m3(
+pub(crate) fn quantize_x_e4m3(
     stream: &Stream,
     x: &DeviceBuffer<half::bf16>,
     rows: u32,
@@ -246,18 +246,42 @@ fn gemm_fp4q_launch(
     Ok(())
 }
 
-/// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: the
+/// Whether a dense GEMM runs on the Hopper FP8 x FP8 wgmma kernel (`di_gemm_fp8_wgmma`): an sm_90
+/// GPU, FP8 weights with activation quantisation, more rows than the decode kernels take (m > 32),
+/// k % 128 == 0, n % 16 == 0; unless switched off by [`crate::ops::set_fp8_wgmma`].
+pub(crate) fn uses_fp8_wgmma(
+    sm90: bool,
+    format: crate::ops::WeightFormat,
+    m: u32,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> bool {
+    sm90 && format == crate::ops::WeightFormat::Fp8Block128
+        && quantize
+        && m > 32
+        && k.is_multiple_of(128)
+        && n.is_multiple_of(16)
+        && crate::ops::fp8_wgmma()
+}
+
+/// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: on
+/// an sm_90 GPU (`sm90`) the wgmma kernel where it applies (`uses_fp8_wgmma`), the
 /// FP8 x FP8 decode kernel where it applies (`uses_fp8_mma_decode`), else the
 /// tensor-core kernel (16 outputs a warp, 8 warps, k split across blocks for narrow outputs) from 2
 /// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128, else the
 /// CUDA-core kernel (a row a warp) with the smallest batch tile that holds `m` (m <= 16).
 pub(crate) fn gemm_lowp_kernel(
+    sm90: bool,
     format: crate::ops::WeightFormat,
     m: u32,
     n: u32,
     k: u32,
     quantize: bool,
 ) -> (String, u32) {
+    if uses_fp8_wgmma(sm90, format, m, n, k, quantize) {
+        return ("di_gemm_fp8_wgmma".into(), 128);
+    }
     if uses_fp8_mma_decode(format, m, n, k, quantize) {
         return (format!("di_gemm_fp8q_n{}", if m <= 8 { 8 } else { 16 }), 16);
     }
@@ -516,6 +540,9 @@ pub(crate) fn gemm_lowp(
     y: &mut DeviceBuffer<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
+    if uses_fp8_wgmma(backend(stream).is_sm90(), format, p.m, p.n, p.k, p.quantize_x != 0) {
+        return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p);
+    }
     if uses_fp8_mma_decode(format, p.m, p.n, p.k, p.quantize_x != 0) {
         return gemm_fp8q_launch(stream, x, w, scale, y, p, false);
     }
@@ -525,7 +552,7 @@ pub(crate) fn gemm_lowp(
     if uses_tensor_cores(format, p.m, p.k, p.quantize_x != 0) {
         return gemm_tc_launch(stream, format, x, None, w, scale, y, p, TcJobs::Dense);
     }
-    let (name, rows_per_block) = gemm_lowp_kernel(format, p.m, p.n, p.k, p.quantize_x != 0);
+    let (name, rows_per_block) = gemm_lowp_kernel(false, format, p.m, p.n, p.k, p.quantize_x != 0);
     if let Some(rows_per_warp) = flat_gemv_rows(format, p.m, p.n, p.k) {
         let f = backend(stream).function("gemm", &name)?;
         let s = stream.cuda_stream("gemm_lowp", "x")?;
@@ -609,7 +636,16 @@ mod tests {
             for m in [1u32, 2, 8, 9, 16, 17, 32, 33, 100, 4096] {
                 for k in [64u32, 128, 4096] {
                     for q in [false, true] {
-                        let (name, _) = gemm_lowp_kernel(f, m, 4096, k, q);
+                        let (name, _) = gemm_lowp_kernel(false, f, m, 4096, k, q);
+                        let (name90, _) = gemm_lowp_kernel(true, f, m, 4096, k, q);
+                        assert_eq!(
+                            name90 == "di_gemm_fp8_wgmma",
+                            f == Fp8Block128 && q && m > 32 && k % 128 == 0,
+                            "{name90} m={m} k={k} q={q}"
+                        );
+                        if name90 != "di_gemm_fp8_wgmma" {
+                            assert_eq!(name90, name);
+                        }
                         if uses_fp8_mma_decode(f, m, 4096, k, q) || uses_fp4_mma_decode(f, m, 4096, k, q) {
                             assert!(name.starts_with("di_gemm_fp") && name.contains("q_n") && m <= 16 && q, "{name}");
                             continue;

@@ -11,5 +11,6 @@ pub(crate) mod launch;
 pub(crate) mod libraries;
 pub(crate) mod moe;
 pub(crate) mod sampling;
+pub(crate) mod wgmma;
 
 pub use backend::CudaBackend;

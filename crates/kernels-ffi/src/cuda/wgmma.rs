@@ -1,0 +1,104 @@
+//! Launches of the Hopper-only kernels (kernels/cuda/gemm_sm90.cu): TMA tensor maps and the
+//! persistent FP8 x FP8 wgmma GEMM for prefill-sized batches.
+
+use cudarc::driver::sys::{self, CUtensorMap};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+
+use super::launch::{backend, quantize_x_e4m3};
+use crate::device::{DeviceBuffer, Stream};
+use crate::Result;
+
+/// Dynamic shared memory of `di_gemm_fp8_wgmma` (its static_assert in gemm_sm90.cu): alignment
+/// slack, four stages of a 256 x 128-byte x tile and a 128 x 128-byte W tile, two 16 KiB output
+/// staging halves, eight barriers.
+const GEMM_WGMMA_SMEM: u32 = 230_464;
+/// Threads of `di_gemm_fp8_wgmma`: a producer and two consumer warpgroups.
+const GEMM_WGMMA_THREADS: u32 = 384;
+/// Output tile of `di_gemm_fp8_wgmma`: rows of x, rows of W.
+const GEMM_WGMMA_TILE: (u32, u32) = (256, 128);
+
+/// A CUtensorMap as a by-value kernel argument (`const __grid_constant__ DiTmaMap` in sm90.cuh).
+#[repr(transparent)]
+pub(crate) struct TmaMap(CUtensorMap);
+
+// SAFETY: a plain 128-byte, 64-byte aligned C struct the kernel takes by value.
+unsafe impl cudarc::driver::DeviceRepr for TmaMap {}
+
+/// The map of a row-major byte matrix [rows, cols] at `ptr` read in boxes of `box_rows` rows x 128
+/// bytes (box_rows <= 256) with the 128-byte swizzle (the layout wgmma's K-major descriptors expect); reads past the matrix fill
+/// zeros. cols must be a multiple of 16 (TMA row strides), ptr 16-byte aligned (allocations are).
+pub(crate) fn tma_map_bytes_128(ptr: sys::CUdeviceptr, rows: u64, cols: u64, box_rows: u32) -> Result<TmaMap> {
+    let dims = [cols, rows];
+    let strides = [cols];
+    let boxes = [128u32, box_rows];
+    let elem = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+    // SAFETY: the arrays hold rank (2) entries (rank - 1 strides); the driver writes the map.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()?;
+        Ok(TmaMap(map.assume_init()))
+    }
+}
+
+/// Blocks of the persistent wgmma GEMM: one per SM, no more than there are tiles.
+pub(crate) fn gemm_wgmma_grid(m: u32, n: u32, sm_count: u32) -> u32 {
+    let tiles = m.div_ceil(GEMM_WGMMA_TILE.0) as u64 * n.div_ceil(GEMM_WGMMA_TILE.1) as u64;
+    tiles.min(sm_count as u64).max(1) as u32
+}
+
+/// y = x · Wᵀ with FP8 weights on the wgmma kernel: x quantised to e4m3 bytes and 1x128 scales,
+/// then one persistent block per SM over 256 x 128 tiles. The caller checked x [m, k], w [n, k],
+/// scale [n / 128, k / 128], y [m, n], k % 128 == 0, n % 16 == 0, and that the GPU is sm_90.
+pub(crate) fn gemm_fp8_wgmma_launch(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+) -> Result<()> {
+    let be = backend(stream);
+    let (xq, sx) = quantize_x_e4m3(stream, x, p.m, p.k)?;
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    let f = be.function_with_smem("gemm_sm90", "di_gemm_fp8_wgmma", GEMM_WGMMA_SMEM)?;
+    let (xq_ptr, _xq_sync) = xq.device_ptr(s);
+    let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
+    let map_x = tma_map_bytes_128(xq_ptr, p.m as u64, p.k as u64, GEMM_WGMMA_TILE.0)?;
+    let map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, GEMM_WGMMA_TILE.1)?;
+    let cfg = LaunchConfig {
+        grid_dim: (gemm_wgmma_grid(p.m, p.n, be.sm_count()), 1, 1),
+        block_dim: (GEMM_WGMMA_THREADS, 1, 1),
+        shared_mem_bytes: GEMM_WGMMA_SMEM,
+    };
+    // SAFETY: di_gemm_fp8_wgmma takes (map_x, map_w, sx, sw, y, m, n, k); the maps describe xq
+    // [m, k] and w [n, k] bytes, alive until the launch is queued (their sync guards) and freed in
+    // stream order after it; sx holds m * k / 128 scales, scale and y were checked by the op;
+    // k % 128 == 0 and n % 16 == 0 as the kernel requires; tiles past m and n are not written.
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&map_x)
+            .arg(&map_w)
+            .arg(&sx)
+            .arg(scale.cuda())
+            .arg(y.cuda_mut())
+            .arg(&p.m)
+            .arg(&p.n)
+            .arg(&p.k)
+            .launch(cfg)
+    }?;
+    Ok(())
+}

@@ -1,0 +1,188 @@
+// FP8 x FP8 GEMM for prefill-sized batches on Hopper (sm_90a): y[m, n] = sum_k x[m, k] * W[n, k]
+// with x already quantised to e4m3 bytes and power-of-two scales per 1x128 block
+// (di_quantize_x_e4m3, the official activation quantisation) and W e4m3 with ue8m0 scales per
+// 128x128 block (MODEL_V4.md §10.1). y bf16.
+//
+// Structure (the DeepGEMM form): a persistent grid of one 384-thread block per SM walks 256 x 128
+// output tiles. Warpgroup 0 is the producer: one thread issues TMA loads of the x and W tiles
+// (256 and 128 rows x 128 bytes of k, 128-byte swizzle) into a ring of STAGES shared-memory slots,
+// signalled through mbarriers. Warpgroups 1 and 2 each own 128 rows of the tile, as two halves of
+// 64: per 128-wide k block and half they run four wgmma m64n128k32 (raw e4m3 x e4m3, fp32
+// accumulate) from the swizzled slots and add the sums times the x row scale and the W block scale
+// into that half's running fp32 accumulator; then they release the slot. While one warpgroup
+// scales, the other's MMAs run. 256 x 128 tiles read 1.33x fewer L2 bytes per FLOP than 128 x 128
+// (which ran at ~675 TFLOP/s on the H200, about the L2 bandwidth that tile needs). Scaling per k block on the CUDA cores keeps the tensor cores'
+// limited-precision accumulation to 128 products (DeepSeek-V3 §3.3.2).
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "lowp.cuh"
+#include "sm90.cuh"
+
+constexpr int DI_WGMMA_THREADS = 3 * 128;  // producer + two consumer warpgroups
+
+#if DI_SM90
+namespace {
+
+constexpr int BM = 256;         // rows of x (tokens) per tile: 128 per consumer warpgroup
+constexpr int BN = 128;         // rows of W (outputs) per tile: one 128-row scale block
+constexpr int BK = 128;         // k per stage: one scale block, one 128-byte swizzle row
+constexpr int STAGES = 4;       // ring depth
+constexpr int X_TILE = BM * BK;  // bytes of one x tile
+constexpr int W_TILE = BN * BK;  // bytes of one W tile
+constexpr int OUT_STAGE = 64 * BN * 2;  // one 64-row half of a warpgroup's bf16 outputs
+constexpr int GROUP_M = 8;  // tiles run in groups of 8 row tiles, rows fastest (L2 reuse of W)
+// Dynamic shared memory (GEMM_WGMMA_SMEM in wgmma.rs): 1024 bytes of alignment slack, the two
+// rings, an output staging half per consumer warpgroup, the full and empty barriers.
+static_assert(1024 + STAGES * (X_TILE + W_TILE) + 2 * OUT_STAGE + 2 * STAGES * 8 == 230464,
+              "wgmma.rs GEMM_WGMMA_SMEM");
+
+// Tile t of a persistent walk: groups of GROUP_M row tiles; inside a group rows vary fastest, so
+// the blocks in flight share a few W tiles (read once from HBM) and a few x tiles.
+__device__ __forceinline__ void tile_coords(uint32_t t, uint32_t tiles_m, uint32_t tiles_n, uint32_t& mt,
+                                            uint32_t& nt) {
+    const uint32_t group = t / (GROUP_M * tiles_n), first = group * GROUP_M;
+    const uint32_t gm = tiles_m - first < GROUP_M ? tiles_m - first : GROUP_M;
+    const uint32_t local = t - group * GROUP_M * tiles_n;
+    mt = first + local % gm;
+    nt = local / gm;
+}
+
+}  // namespace
+#endif
+
+// map_x: x as e4m3 bytes [m, k] (box 256 rows x 128, 128-byte swizzle); map_w: W bytes [n, k] (box 128
+// x 128); sx [m, k / 128] f32; sw [ceil(n / 128), k / 128] ue8m0; y [m, n]. k % 128 == 0,
+// n % 16 == 0. Rows past m and outputs past n are read as zeros (TMA fill) and not written.
+extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
+    di_gemm_fp8_wgmma(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,
+                      const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
+                      uint32_t m, uint32_t n, uint32_t k) {
+#if DI_SM90
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t* x_tiles = base;
+    uint8_t* w_tiles = base + STAGES * X_TILE;
+    uint8_t* out_stage = base + STAGES * (X_TILE + W_TILE);
+    uint64_t* full = reinterpret_cast<uint64_t*>(out_stage + 2 * OUT_STAGE);
+    uint64_t* empty = full + STAGES;
+    const uint32_t nk = k / BK;
+    const uint32_t tiles_n = (n + BN - 1) / BN;
+    const uint32_t tiles_m = (m + BM - 1) / BM;
+    const uint32_t tiles = tiles_n * tiles_m;
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);  // lane 0 of each consumer warp
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (threadIdx.x != 0) return;
+        tma_prefetch_map(&map_x);
+        tma_prefetch_map(&map_w);
+        uint32_t it = 0;  // k blocks loaded so far: slot it % STAGES, pass it / STAGES
+        for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+            uint32_t mt, nt;
+            tile_coords(t, tiles_m, tiles_n, mt, nt);
+            const int32_t m0 = static_cast<int32_t>(mt * BM), n0 = static_cast<int32_t>(nt * BN);
+            for (uint32_t kb = 0; kb < nk; ++kb, ++it) {
+                const uint32_t s = it % STAGES;
+                mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], X_TILE + W_TILE);
+                tma_load_2d(x_tiles + s * X_TILE, &map_x, static_cast<int32_t>(kb * BK), m0, &full[s]);
+                tma_load_2d(w_tiles + s * W_TILE, &map_w, static_cast<int32_t>(kb * BK), n0, &full[s]);
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<232>();
+    const int cw = wg - 1;  // this warpgroup's 128 rows of the tile, as two halves of 64
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    uint32_t it = 0;
+    for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        uint32_t mt, nt;
+        tile_coords(t, tiles_m, tiles_n, mt, nt);
+        const uint32_t m0 = mt * BM, n0 = nt * BN;
+        // Accumulator layout: rows warp * 16 + lane / 4 (+ 8) of each 64-row half, columns
+        // 8 j + 2 (lane % 4) (+ 1).
+        const uint32_t r0 = m0 + cw * 128 + warp * 16 + lane / 4;
+        const uint32_t rows[4] = {r0, r0 + 8, r0 + 64, r0 + 72};  // the scale rows of both halves
+        const float* sxr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sxr[i] = sx + static_cast<size_t>(rows[i] < m ? rows[i] : m - 1) * nk;
+        const uint8_t* swt = sw + static_cast<size_t>(n0 / 128) * nk;
+        float acc0[64], acc1[64], blk[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+        // The MMAs of one 64-row half for the k block in slot s, then their scaled sums into acc.
+        auto half = [&](float(&acc)[64], uint32_t s, int h, float f0, float f1) {
+            const uint32_t xa = smem_addr(x_tiles + s * X_TILE + (cw * 128 + h * 64) * BK);
+            const uint32_t wa = smem_addr(w_tiles + s * W_TILE);
+            wgmma_fence_regs(blk);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 32; ++kk)
+                wgmma_m64n128k32_e4m3(blk, wgmma_desc_sw128(xa + kk * 32), wgmma_desc_sw128(wa + kk * 32), kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_regs(blk);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                acc[4 * j] = fmaf(blk[4 * j], f0, acc[4 * j]);
+                acc[4 * j + 1] = fmaf(blk[4 * j + 1], f0, acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(blk[4 * j + 2], f1, acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(blk[4 * j + 3], f1, acc[4 * j + 3]);
+            }
+        };
+        for (uint32_t kb = 0; kb < nk; ++kb, ++it) {
+            const uint32_t s = it % STAGES;
+            const float sb = e8m0(swt[kb]);
+            float f[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) f[i] = sxr[i][kb] * sb;
+            mbar_wait(&full[s], (it / STAGES) & 1);
+            half(acc0, s, 0, f[0], f[1]);
+            half(acc1, s, 1, f[2], f[3]);
+            if (lane == 0) mbar_arrive(&empty[s]);
+        }
+        // Outputs through shared memory: the half's 64 x 128 bf16 into this warpgroup's staging
+        // (16-byte chunks XOR-swizzled by row: conflict-free both ways), then whole 256-byte rows
+        // out with 16-byte stores.
+        uint8_t* stage = out_stage + cw * OUT_STAGE;
+        auto store = [&](const float(&acc)[64], uint32_t h) {
+            named_barrier(1 + cw, 128);  // the previous half's rows are out
+            const uint32_t ra = warp * 16 + lane / 4;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t r = ra + 8 * e;
+                    const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
+                    *reinterpret_cast<__nv_bfloat162*>(stage + at) =
+                        __floats2bfloat162_rn(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
+                }
+            }
+            named_barrier(1 + cw, 128);
+            const uint32_t tid = threadIdx.x % 128;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
+                const uint32_t row = m0 + cw * 128 + h * 64 + r, col = n0 + c * 8;
+                if (row < m && col < n)
+                    *reinterpret_cast<uint4*>(y + static_cast<size_t>(row) * n + col) =
+                        *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
+            }
+        };
+        store(acc0, 0);
+        store(acc1, 1);
+    }
+#else
+    __trap();  // sm_90a only; the launcher never picks it elsewhere
+#endif
+}
