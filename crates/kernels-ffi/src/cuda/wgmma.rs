@@ -102,3 +102,24 @@ pub(crate) fn gemm_fp8_wgmma_launch(
     }?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One block per SM at most, never more blocks than 256 x 128 tiles, at least one.
+    #[test]
+    fn wgmma_grid_covers_the_tiles_with_at_most_one_block_per_sm() {
+        assert_eq!(gemm_wgmma_grid(4096, 4096, 132), 132);
+        assert_eq!(gemm_wgmma_grid(33, 16, 132), 1);
+        assert_eq!(gemm_wgmma_grid(300, 2064, 132), 2 * 17);
+        assert_eq!(gemm_wgmma_grid(4096, 2048, 132), 132);
+        for m in [1u32, 255, 256, 257, 5000] {
+            for n in [16u32, 128, 144, 4096] {
+                let g = gemm_wgmma_grid(m, n, 132);
+                let tiles = m.div_ceil(256) * n.div_ceil(128);
+                assert!(g >= 1 && g <= 132 && g <= tiles, "m {m} n {n}: {g}");
+            }
+        }
+    }
+}
