@@ -99,8 +99,6 @@ __device__ void load_x(const __nv_bfloat16* __restrict__ x, __nv_bfloat16* xs, c
 }
 
 // Two bf16 in a word -> (low, high) as f32, exactly (bf16 is the top half of an f32).
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 // sum_j w[j] * xs[m][kk + j] for 8 consecutive bf16 of x.
 __device__ __forceinline__ float dot8(const float (&w)[8], const __nv_bfloat16* xp) {
@@ -642,22 +640,6 @@ DI_GEMM_TILE(tile64, 64, 256)
 // out[r, :] = x[r, :] rounded to e4m3 per 1x128 block with a power-of-two scale (the official
 // activation quantisation, exact in bf16), so GEMM blocks need not each redo it. A warp per
 // (row, 128 columns); k % 128 == 0.
-namespace {
-// The four values lane `lane` of a warp holds of 1x128 block c of x [rows, k] (at element `at`) and
-// the block's power-of-two scale (a warp per block; shared by the two quantisation kernels).
-__device__ __forceinline__ float block_values(const __nv_bfloat16* __restrict__ x, uint32_t k, uint32_t c, int lane,
-                                              float (&v)[4], size_t& at) {
-    const uint32_t blocks = k / 128;
-    at = static_cast<size_t>(c / blocks) * k + (c % blocks) * 128 + lane * 4;
-    const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
-    v[0] = bf_lo(raw.x);
-    v[1] = bf_hi(raw.x);
-    v[2] = bf_lo(raw.y);
-    v[3] = bf_hi(raw.y);
-    return pow2_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
-}
-}  // namespace
-
 extern "C" __global__ void __launch_bounds__(256) di_quantize_fp8_rows(const __nv_bfloat16* __restrict__ x,
                                                                       __nv_bfloat16* __restrict__ out, uint32_t rows,
                                                                       uint32_t k) {

@@ -186,3 +186,203 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
     __trap();  // sm_90a only; the launcher never picks it elsewhere
 #endif
 }
+
+// ---------------------------------------------------------------------------------------------
+// Decode FP8 GEMM on wgmma with the operands swapped (m <= 16): y[t, r] = sum_k x[t, k] W[r, k].
+// W is the 64-row A operand streamed by TMA through a shared-memory ring (the op is bound by
+// reading W once), x the 8- or 16-column B operand. A block owns 128 rows of W (one scale block) and
+// all of k, so the op is one launch for shapes with enough rows to fill the GPU (wq_b): each block
+// quantises x to e4m3 with 1x128 power-of-two scales (the official activation quantisation)
+// straight into the swizzled B layout while the first W tiles are in flight.
+//
+// Block: warp 0 lane 0 issues the W loads; warps 1-7 quantise x; warpgroup 1 (warps 4-7) runs per
+// k block two m64nNk32 x 4 MMAs (rows 0-63, 64-127), releases the slot and adds the sums times the W
+// block scale and each token's x scale. (Splitting k over clusters of 2-8 blocks that add their
+// partials through distributed shared memory, for shapes with few rows, was slower than the
+// mma.sync kernel: benches/results/2026-11-30-gemm-decode/wgmma.)
+#if DI_SM90
+namespace {
+
+constexpr int DEC_ROWS = 128;             // rows of W per block: one scale block
+constexpr int DEC_TILE = DEC_ROWS * 128;  // bytes of one W tile (128 rows x one 128-wide k block)
+
+template <int N> __device__ __forceinline__ void wgmma_dec(float (&d)[N / 2], uint64_t da, uint64_t db, uint32_t sd);
+template <> __device__ __forceinline__ void wgmma_dec<8>(float (&d)[4], uint64_t da, uint64_t db, uint32_t sd) {
+    wgmma_m64n8k32_e4m3(d, da, db, sd);
+}
+template <> __device__ __forceinline__ void wgmma_dec<16>(float (&d)[8], uint64_t da, uint64_t db, uint32_t sd) {
+    wgmma_m64n16k32_e4m3(d, da, db, sd);
+}
+
+template <int N> __device__ __forceinline__ void fence_dec(float (&d)[N / 2]) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// x rows t < m, k blocks kb0 .. kb0 + cnt, as e4m3 bytes with one power-of-two scale per 1x128
+// block (the official activation quantisation, as di_quantize_x_e4m3) into xs in the 128-byte
+// swizzled B layout (16-byte chunk c of row t at chunk c ^ (t % 8)) and scales into sxs[j * N + t];
+// rows m .. N are zeros. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane, and
+// each warp issues U blocks' loads before using any (the loads, not the math, are the time).
+template <int N>
+__device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict__ x, uint32_t m, uint32_t k,
+                                                 uint32_t kb0, uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w,
+                                                 int lane) {
+    constexpr int U = 8;
+    const uint32_t tasks = m * cnt, h = lane / 16, l = lane % 16;
+    for (uint32_t first = w * 2 * U; first < tasks; first += 7 * 2 * U) {
+        uint4 raw[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t task = first + 2 * u + h;
+            raw[u] = make_uint4(0, 0, 0, 0);
+            if (task < tasks)
+                raw[u] = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(task % m) * k +
+                                                          (kb0 + task / m) * 128 + l * 8);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t task = first + 2 * u + h, t = task % m, j = task / m;
+            const uint32_t wv[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+            float v[8], amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                v[2 * i] = bf_lo(wv[i]);
+                v[2 * i + 1] = bf_hi(wv[i]);
+                amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            if (task >= tasks) continue;
+            const float s = pow2_scale(amax);
+            uint32_t q[2] = {0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                q[i / 4] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
+            const uint32_t chunk = (l / 2) ^ (t & 7);
+            *reinterpret_cast<uint2*>(xs + j * N * 128 + t * 128 + chunk * 16 + (l % 2) * 8) = make_uint2(q[0], q[1]);
+            if (l == 0) sxs[j * N + t] = s;
+        }
+    }
+    // Rows m .. N of every block: zeros (16 bytes a thread).
+    for (uint32_t i = w * 32 + lane; i < (N - m) * cnt * 8; i += 7 * 32) {
+        const uint32_t t = m + (i / 8) % (N - m), j = i / 8 / (N - m);
+        *reinterpret_cast<uint4*>(xs + j * N * 128 + t * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+        if (i % 8 == 0) sxs[j * N + t] = 0.f;
+    }
+}
+
+// N: tokens a block multiplies (8 or 16, m <= N).
+template <int N>
+__device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bfloat16* __restrict__ x,
+                                            const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
+                                            uint32_t m, uint32_t n, uint32_t k, uint32_t stages) {
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t cnt = k / 128, kb0 = 0, per = cnt;
+    const uint32_t rb = blockIdx.x;  // this block's 128-row block of W
+    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t* ring = base;                                  // stages x DEC_TILE
+    uint8_t* xs = ring + stages * DEC_TILE;                // per x N rows x 128 bytes, swizzled
+    float* sxs = reinterpret_cast<float*>(xs + per * N * 128);  // [per][N] x scales
+    float* red = sxs + per * N;                            // [128][N] partial sums
+    uint64_t* full = reinterpret_cast<uint64_t*>(red + DEC_ROWS * N);
+    uint64_t* empty = full + stages;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (uint32_t s = 0; s < stages; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4);  // lane 0 of each consumer warp
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp == 0) {
+        if (lane == 0) {
+            tma_prefetch_map(&map_w);
+            for (uint32_t j = 0; j < cnt; ++j) {
+                const uint32_t s = j % stages;
+                mbar_wait(&empty[s], ((j / stages) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], DEC_TILE);
+                tma_load_2d(ring + s * DEC_TILE, &map_w, static_cast<int32_t>((kb0 + j) * 128),
+                            static_cast<int32_t>(rb * DEC_ROWS), &full[s]);
+            }
+        }
+        __syncwarp();  // warp 0 reconverges before the block-wide barriers below
+    } else {
+        quantize_x_slice<N>(x, m, k, kb0, cnt, xs, sxs, warp - 1, lane);
+        fence_proxy_async_smem();
+        named_barrier(1, 224);  // warps 1-7: x is in place
+
+        if (warp >= 4) {
+            const int cwarp = warp - 4;
+            float acc0[N / 2], acc1[N / 2], blk0[N / 2], blk1[N / 2];
+#pragma unroll
+            for (int i = 0; i < N / 2; ++i) acc0[i] = acc1[i] = 0.f;
+            const uint8_t* swr = sw + static_cast<size_t>(rb) * cnt;
+            for (uint32_t j = 0; j < cnt; ++j) {
+                const uint32_t s = j % stages;
+                const float sb = e8m0(swr[kb0 + j]);
+                mbar_wait(&full[s], (j / stages) & 1);
+                const uint32_t wa = smem_addr(ring + s * DEC_TILE), xa = smem_addr(xs + j * N * 128);
+                fence_dec<N>(blk0);
+                fence_dec<N>(blk1);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    const uint64_t db = wgmma_desc_sw128(xa + kk * 32);
+                    wgmma_dec<N>(blk0, wgmma_desc_sw128(wa + kk * 32), db, kk > 0);
+                    wgmma_dec<N>(blk1, wgmma_desc_sw128(wa + 64 * 128 + kk * 32), db, kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_dec<N>(blk0);
+                fence_dec<N>(blk1);
+                if (lane == 0) mbar_arrive(&empty[s]);
+                // Columns (tokens) of accumulator i: 8 (i / 4) + 2 (lane % 4) + (i % 2).
+#pragma unroll
+                for (int i = 0; i < N / 2; ++i) {
+                    const float f = sb * sxs[j * N + 8 * (i / 4) + 2 * (lane % 4) + (i % 2)];
+                    acc0[i] = fmaf(blk0[i], f, acc0[i]);
+                    acc1[i] = fmaf(blk1[i], f, acc1[i]);
+                }
+            }
+            // Rows (W) of accumulator i: 16 cwarp + lane / 4 (+ 8 for i % 4 >= 2), + 64 for acc1.
+#pragma unroll
+            for (int i = 0; i < N / 2; ++i) {
+                const uint32_t r = 16 * cwarp + lane / 4 + ((i % 4) >= 2 ? 8 : 0);
+                const uint32_t t = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+                red[r * N + t] = acc0[i];
+                red[(r + 64) * N + t] = acc1[i];
+            }
+        }
+    }
+    __syncthreads();
+    // Out through shared memory: consecutive threads write consecutive rows of y.
+    for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
+        const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
+        if (t < m && row < n) y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(red[r * N + t]);
+    }
+}
+
+}  // namespace
+#endif
+
+#if DI_SM90
+#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, m, n, k, stages)
+#else
+#define DI_DEC_BODY(N) __trap()
+#endif
+
+// map_w: W bytes [n, k] (box 128 rows x 128, 128-byte swizzle); x bf16 [m, k]; sw [ceil(n / 128),
+// k / 128] ue8m0; y [m, n]. m <= N, k % 128 == 0, n % 16 == 0; a block per 128 rows of W; `stages`
+// W tiles in flight (the launcher sizes shared memory).
+#define DI_GEMM_FP8_DEC(N)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 1) di_gemm_fp8_dec_n##N(                                  \
+        const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ sw, \
+        __nv_bfloat16* __restrict__ y, uint32_t m, uint32_t n, uint32_t k, uint32_t stages) {                     \
+        DI_DEC_BODY(N);                                                                                          \
+    }
+
+DI_GEMM_FP8_DEC(8)
+DI_GEMM_FP8_DEC(16)

@@ -38,3 +38,20 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// The four values lane `lane` of a warp holds of 1x128 block c of x [rows, k] (at element `at`) and
+// the block's power-of-two scale (a warp per block; shared by the two quantisation kernels).
+__device__ __forceinline__ float block_values(const __nv_bfloat16* __restrict__ x, uint32_t k, uint32_t c, int lane,
+                                              float (&v)[4], size_t& at) {
+    const uint32_t blocks = k / 128;
+    at = static_cast<size_t>(c / blocks) * k + (c % blocks) * 128 + lane * 4;
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + at);
+    v[0] = bf_lo(raw.x);
+    v[1] = bf_hi(raw.x);
+    v[2] = bf_lo(raw.y);
+    v[3] = bf_hi(raw.y);
+    return pow2_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
+}

@@ -319,11 +319,15 @@ fn main() {
             }
             results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
             if f == Fp8Block128 {
-                // The packed decode layout, and the earlier kernels (bf16 expansion of the weights).
+                // On a Hopper the default above is the wgmma decode kernel; then the mma.sync
+                // kernel, its packed layout, and the earlier kernels (bf16 expansion of the weights).
+                ops::set_fp8_wgmma(false);
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
                 results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Packed));
                 ops::set_fp8_mma_decode(false);
                 results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
                 ops::set_fp8_mma_decode(true);
+                ops::set_fp8_wgmma(true);
             } else {
                 // FP4 with the experts' FP8 activations: the FP4 x FP8 kernel and the earlier one.
                 results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Fp4Quantized));

@@ -307,9 +307,10 @@ pub fn fp8_mma_decode() -> bool {
 
 static FP8_WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// Whether FP8 GEMMs with activation quantisation and more than 32 rows use the Hopper wgmma
-/// kernel on an sm_90 GPU (the default) or the earlier tiled kernel (weights expanded to bf16): a
-/// process-wide switch for A/B benchmarks; results agree within the GEMM tolerance either way.
+/// Whether FP8 GEMMs with activation quantisation use the Hopper wgmma kernels on an sm_90 GPU (the
+/// default: `di_gemm_fp8_wgmma` above 32 rows, `di_gemm_fp8_dec_*` up to 16) or the earlier kernels
+/// (the tiled kernel; the mma.sync decode kernels): a process-wide switch for A/B benchmarks;
+/// results agree within the GEMM tolerance either way.
 pub fn set_fp8_wgmma(on: bool) {
     FP8_WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
 }
@@ -325,7 +326,8 @@ pub fn gemm_lowp_cuda_kernel(stream: &Stream, format: WeightFormat, p: &GemmPara
     match stream.device() {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(b) => {
-            Some(crate::cuda::launch::gemm_lowp_kernel(b.is_sm90(), format, p.m, p.n, p.k, p.quantize_x != 0).0)
+            let hopper_sms = b.is_sm90().then(|| b.sm_count());
+            Some(crate::cuda::launch::gemm_lowp_kernel(hopper_sms, format, p.m, p.n, p.k, p.quantize_x != 0).0)
         }
         _ => {
             let _ = (format, p);

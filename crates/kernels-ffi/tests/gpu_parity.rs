@@ -220,9 +220,19 @@ fn gpu_gemm_lowp_matches_cpu() {
             let x: Vec<bf16> = to(&rng.vec(m as usize * k));
             let (w, sc) = lowp_weights(&mut rng, f, n, k);
             let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
+            let want = gemm_on(&cpu, f, &x, &w, &sc, &p);
+            // On a Hopper the default is the wgmma decode kernel (di_gemm_fp8_dec_*, x quantised
+            // inside, k split over a cluster); with the switch off, the mma.sync kernel.
+            let kernel_dec = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
+            let got_dec = gemm_on(&gpu, f, &x, &w, &sc, &p);
+            let (rel, max) = rel_err(&got_dec, &want);
+            println!("parity gemm {kernel_dec} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+            assert!(rel < BF16_TOL, "{kernel_dec} m={m} n={n} k={k}: rel_err {rel:e}");
+            ops::set_fp8_wgmma(false);
             let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
+            let got = gemm_on(&gpu, f, &x, &w, &sc, &p);
+            ops::set_fp8_wgmma(true);
             assert!(kernel.starts_with("di_gemm_fp8q_n"), "m={m} n={n} k={k} runs {kernel}");
-            let (want, got) = (gemm_on(&cpu, f, &x, &w, &sc, &p), gemm_on(&gpu, f, &x, &w, &sc, &p));
             let (rel, max) = rel_err(&got, &want);
             println!("parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
             assert!(rel < BF16_TOL, "fp8q m={m} n={n} k={k}: rel_err {rel:e}");

@@ -265,22 +265,44 @@ pub(crate) fn uses_fp8_wgmma(
         && crate::ops::fp8_wgmma()
 }
 
+/// The plan of the Hopper wgmma decode GEMM (`di_gemm_fp8_dec_*`) when it applies: an sm_90 GPU
+/// with `hopper_sms` SMs, FP8 weights with activation quantisation, m <= 16 and a `dec_plan`;
+/// unless switched off by [`crate::ops::set_fp8_wgmma`].
+pub(crate) fn fp8_dec_plan(
+    hopper_sms: Option<u32>,
+    format: crate::ops::WeightFormat,
+    m: u32,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> Option<super::wgmma::DecPlan> {
+    let sms = hopper_sms?;
+    if format != crate::ops::WeightFormat::Fp8Block128 || !quantize || !crate::ops::fp8_wgmma() {
+        return None;
+    }
+    super::wgmma::dec_plan(m, n, k, sms)
+}
+
 /// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: on
-/// an sm_90 GPU (`sm90`) the wgmma kernel where it applies (`uses_fp8_wgmma`), the
+/// an sm_90 GPU (`hopper_sms`: its SM count) the wgmma kernels where they apply (`uses_fp8_wgmma`,
+/// `fp8_dec_plan`), the
 /// FP8 x FP8 decode kernel where it applies (`uses_fp8_mma_decode`), else the
 /// tensor-core kernel (16 outputs a warp, 8 warps, k split across blocks for narrow outputs) from 2
 /// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128, else the
 /// CUDA-core kernel (a row a warp) with the smallest batch tile that holds `m` (m <= 16).
 pub(crate) fn gemm_lowp_kernel(
-    sm90: bool,
+    hopper_sms: Option<u32>,
     format: crate::ops::WeightFormat,
     m: u32,
     n: u32,
     k: u32,
     quantize: bool,
 ) -> (String, u32) {
-    if uses_fp8_wgmma(sm90, format, m, n, k, quantize) {
+    if uses_fp8_wgmma(hopper_sms.is_some(), format, m, n, k, quantize) {
         return ("di_gemm_fp8_wgmma".into(), 128);
+    }
+    if let Some(plan) = fp8_dec_plan(hopper_sms, format, m, n, k, quantize) {
+        return (plan.kernel(), 128);
     }
     if uses_fp8_mma_decode(format, m, n, k, quantize) {
         return (format!("di_gemm_fp8q_n{}", if m <= 8 { 8 } else { 16 }), 16);
@@ -540,8 +562,13 @@ pub(crate) fn gemm_lowp(
     y: &mut DeviceBuffer<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
-    if uses_fp8_wgmma(backend(stream).is_sm90(), format, p.m, p.n, p.k, p.quantize_x != 0) {
+    let be = backend(stream);
+    if uses_fp8_wgmma(be.is_sm90(), format, p.m, p.n, p.k, p.quantize_x != 0) {
         return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p);
+    }
+    let hopper_sms = be.is_sm90().then(|| be.sm_count());
+    if let Some(plan) = fp8_dec_plan(hopper_sms, format, p.m, p.n, p.k, p.quantize_x != 0) {
+        return super::wgmma::gemm_fp8_dec_launch(stream, x, w, scale, y, p, plan);
     }
     if uses_fp8_mma_decode(format, p.m, p.n, p.k, p.quantize_x != 0) {
         return gemm_fp8q_launch(stream, x, w, scale, y, p, false);
@@ -552,7 +579,7 @@ pub(crate) fn gemm_lowp(
     if uses_tensor_cores(format, p.m, p.k, p.quantize_x != 0) {
         return gemm_tc_launch(stream, format, x, None, w, scale, y, p, TcJobs::Dense);
     }
-    let (name, rows_per_block) = gemm_lowp_kernel(false, format, p.m, p.n, p.k, p.quantize_x != 0);
+    let (name, rows_per_block) = gemm_lowp_kernel(None, format, p.m, p.n, p.k, p.quantize_x != 0);
     if let Some(rows_per_warp) = flat_gemv_rows(format, p.m, p.n, p.k) {
         let f = backend(stream).function("gemm", &name)?;
         let s = stream.cuda_stream("gemm_lowp", "x")?;
@@ -634,19 +661,24 @@ mod tests {
         use crate::ops::WeightFormat::{Fp4Row32, Fp8Block128};
         for f in [Fp8Block128, Fp4Row32] {
             for m in [1u32, 2, 8, 9, 16, 17, 32, 33, 100, 4096] {
-                for k in [64u32, 128, 4096] {
+                for (k, n) in [64u32, 128, 4096].into_iter().flat_map(|k| [(k, 4096u32), (k, 32768)]) {
                     for q in [false, true] {
-                        let (name, _) = gemm_lowp_kernel(false, f, m, 4096, k, q);
-                        let (name90, _) = gemm_lowp_kernel(true, f, m, 4096, k, q);
+                        let (name, _) = gemm_lowp_kernel(None, f, m, n, k, q);
+                        let (name90, _) = gemm_lowp_kernel(Some(132), f, m, n, k, q);
                         assert_eq!(
                             name90 == "di_gemm_fp8_wgmma",
                             f == Fp8Block128 && q && m > 32 && k % 128 == 0,
                             "{name90} m={m} k={k} q={q}"
                         );
-                        if name90 != "di_gemm_fp8_wgmma" {
+                        assert_eq!(
+                            name90.starts_with("di_gemm_fp8_dec_"),
+                            f == Fp8Block128 && q && super::super::wgmma::dec_plan(m, n, k, 132).is_some(),
+                            "{name90} m={m} k={k} q={q}"
+                        );
+                        if !name90.starts_with("di_gemm_fp8_wgmma") && !name90.starts_with("di_gemm_fp8_dec_") {
                             assert_eq!(name90, name);
                         }
-                        if uses_fp8_mma_decode(f, m, 4096, k, q) || uses_fp4_mma_decode(f, m, 4096, k, q) {
+                        if uses_fp8_mma_decode(f, m, n, k, q) || uses_fp4_mma_decode(f, m, n, k, q) {
                             assert!(name.starts_with("di_gemm_fp") && name.contains("q_n") && m <= 16 && q, "{name}");
                             continue;
                         }

@@ -118,7 +118,113 @@ mod tests {
             for n in [16u32, 128, 144, 4096] {
                 let g = gemm_wgmma_grid(m, n, 132);
                 let tiles = m.div_ceil(256) * n.div_ceil(128);
-                assert!(g >= 1 && g <= 132 && g <= tiles, "m {m} n {n}: {g}");
+                assert!((1..=132).contains(&g) && g <= tiles, "m {m} n {n}: {g}");
+            }
+        }
+    }
+}
+
+/// Shared memory a block of the Hopper decode GEMM may use (227 KiB on sm_90).
+const DEC_SMEM_LIMIT: u32 = 227 * 1024;
+
+/// How the Hopper decode GEMM (`di_gemm_fp8_dec_n{tokens}`) runs one shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DecPlan {
+    /// Columns of the B operand: 8 or 16 tokens (m <= tokens).
+    pub tokens: u32,
+    /// W tiles (16 KiB) in flight per block.
+    pub stages: u32,
+    /// Dynamic shared memory per block.
+    pub smem: u32,
+}
+
+impl DecPlan {
+    pub fn kernel(&self) -> String {
+        format!("di_gemm_fp8_dec_n{}", self.tokens)
+    }
+}
+
+/// The decode plan for y[m, n] = x[m, k] · W[n, k]ᵀ on `sms` SMs, or `None` where the kernel does not
+/// apply: m <= 16, k % 128 == 0, n % 16 == 0, and enough 128-row blocks of W to give at least 7/8 of
+/// the SMs one (wq_b's 256 blocks; shapes with fewer rows keep the mma.sync kernel, which splits k:
+/// splitting k over clusters here was slower, benches/results/2026-11-30-gemm-decode/wgmma). Eight
+/// W tiles in flight when the blocks fit in one wave, four (two blocks an SM) when not.
+pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
+    if !(1..=16).contains(&m) || !k.is_multiple_of(128) || k == 0 || !n.is_multiple_of(16) || n == 0 {
+        return None;
+    }
+    let tokens = if m <= 8 { 8 } else { 16 };
+    let (rb, nk) = (n.div_ceil(128), k / 128);
+    if 8 * rb < 7 * sms {
+        return None;
+    }
+    let stages = nk.min(if rb > sms { 4 } else { 8 });
+    let smem = 1024 + stages * 16384 + nk * tokens * 128 + nk * tokens * 4 + 128 * tokens * 4 + 2 * stages * 8;
+    (smem <= DEC_SMEM_LIMIT).then_some(DecPlan { tokens, stages, smem })
+}
+
+/// y = x · Wᵀ with FP8 weights and m <= 16 on the Hopper decode kernel (`dec_plan`): one launch;
+/// the blocks quantise x themselves. The caller checked x [m, k], w [n, k], scale, y [m, n] and
+/// that the GPU is sm_90 with `plan` from `dec_plan`.
+pub(crate) fn gemm_fp8_dec_launch(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+    plan: DecPlan,
+) -> Result<()> {
+    let be = backend(stream);
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    let f = be.function_with_smem("gemm_sm90", &plan.kernel(), plan.smem)?;
+    let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
+    let map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, 128)?;
+    let cfg = LaunchConfig { grid_dim: (p.n.div_ceil(128), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: plan.smem };
+    // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, m, n, k, stages); the map describes w [n, k]
+    // bytes (alive until queued: its sync guard); x [m, k] bf16, scale [ceil(n / 128), k / 128] and
+    // y [m, n] were checked by the op; m <= tokens, k % 128 == 0, n % 16 == 0; a block per 128-row
+    // block of W, and the shared memory holds `stages` tiles plus x, its scales and the outputs
+    // (dec_plan's formula).
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&map_w)
+            .arg(x.cuda())
+            .arg(scale.cuda())
+            .arg(y.cuda_mut())
+            .arg(&p.m)
+            .arg(&p.n)
+            .arg(&p.k)
+            .arg(&plan.stages)
+            .launch(cfg)
+    }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod dec_tests {
+    use super::*;
+
+    #[test]
+    fn decode_plans_only_shapes_that_fill_the_sms_and_fit_shared_memory() {
+        // wq_b: 256 row blocks, two blocks an SM, four tiles in flight.
+        let wq_b = dec_plan(4, 32768, 1024, 132).unwrap();
+        assert_eq!((wq_b.tokens, wq_b.stages), (8, 4));
+        assert!(wq_b.smem * 2 <= 228 * 1024);
+        assert_eq!(dec_plan(16, 32768, 1024, 132).unwrap().tokens, 16);
+        // wo_b (32 row blocks), shared_experts.w1 (16): the mma.sync kernel.
+        assert_eq!(dec_plan(1, 4096, 8192, 132), None);
+        assert_eq!(dec_plan(1, 2048, 4096, 132), None);
+        assert_eq!(dec_plan(17, 32768, 1024, 132), None);
+        assert_eq!(dec_plan(4, 32768, 1000, 132), None);
+        // 120 row blocks give 7/8 of 132 SMs a block, one wave: eight tiles in flight.
+        assert_eq!(dec_plan(1, 120 * 128, 2048, 132).map(|p| p.stages), Some(8));
+        for m in 1..=16u32 {
+            for n in [16u32, 1024, 16384, 32768, 65536] {
+                for k in [128u32, 512, 1024, 4096, 8192, 65536] {
+                    let Some(pl) = dec_plan(m, n, k, 132) else { continue };
+                    assert!(pl.smem <= DEC_SMEM_LIMIT && m <= pl.tokens && pl.stages >= 1);
+                }
             }
         }
     }
