@@ -71,14 +71,7 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
     const uint32_t tiles_m = (m + BM - 1) / BM;
     const uint32_t tiles = tiles_n * tiles_m;
     const int wg = threadIdx.x / 128;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 8);  // lane 0 of each consumer warp
-        }
-        mbar_init_fence();
-    }
-    __syncthreads();
+    ring_init(full, empty, STAGES, 8);  // empty: lane 0 of each consumer warp
 
     if (wg == 0) {
         setmaxnreg_dec<40>();
@@ -288,14 +281,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
     uint64_t* full = reinterpret_cast<uint64_t*>(red + DEC_ROWS * N);
     uint64_t* empty = full + stages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (threadIdx.x == 0) {
-        for (uint32_t s = 0; s < stages; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4);  // lane 0 of each consumer warp
-        }
-        mbar_init_fence();
-    }
-    __syncthreads();
+    ring_init(full, empty, stages, 4);  // empty: lane 0 of each consumer warp
 
     if (warp == 0) {
         if (lane == 0) {

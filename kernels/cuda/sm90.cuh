@@ -31,6 +31,19 @@ __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// A ring of `stages` shared-memory slots: full[s] completes on the producer's arrival plus its TMA
+// bytes, empty[s] on `consumers` arrivals. Thread 0 initialises; the whole block then synchronises.
+__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty, uint32_t stages, uint32_t consumers) {
+    if (threadIdx.x == 0) {
+        for (uint32_t s = 0; s < stages; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], consumers);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
+
 // Arrive once and expect `bytes` more transaction bytes (the TMA copies that complete the phase).
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
