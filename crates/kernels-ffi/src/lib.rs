@@ -31,6 +31,7 @@ mod embedded;
 mod error;
 pub mod hc;
 pub mod indexer;
+pub mod kv_fp8;
 pub mod moe;
 pub mod ops;
 pub mod params;
