@@ -4,7 +4,9 @@
 //! The GPU machine has no Rust and no network: we ship the release `deepinfer` binary (kernels
 //! embedded), every GPU test executable (`crates/*/tests/gpu_*.rs`) and GPU benchmark
 //! (`crates/*/benches/gpu_*.rs`), built here, plus `run.sh OUTDIR`, which sets the CUDA library
-//! path, runs them all and writes the results into OUTDIR.
+//! path, runs them all and writes the results into OUTDIR. When the executables and the tree pass
+//! the carry limit together, the bundle is split into `target/gpu-bundle/part-N` folders, each with
+//! its own run.sh, one device call each.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -130,12 +132,19 @@ pub fn run(only: Option<&str>) -> Result<()> {
         );
     }
     if total + tree > LIMIT_BYTES {
-        bail!(
-            "the GPU bundle ({:.1} MiB) and the working tree ({:.1} MiB) are over the 64 MiB a device call carries; \
-             bundle fewer targets per visit with --only (e.g. --only gpu_parity,gpu_moe)",
+        // Too much for one device call: parts that each fit with the tree, one call each.
+        let parts = split_into_parts(&bundle, LIMIT_BYTES.saturating_sub(tree + PART_SLACK_BYTES))?;
+        println!(
+            "gpu bundle: {:.1} MiB of executables and the {:.1} MiB tree pass the 64 MiB a device call carries; split into {} parts, one device call each:",
             mib(total),
-            mib(tree)
+            mib(tree),
+            parts.len()
         );
+        for (i, (dir, bytes)) in parts.iter().enumerate() {
+            let rel = dir.strip_prefix(&root).unwrap_or(dir).display().to_string();
+            println!("  part {}: {:.1} MiB: carry [\"{rel}\"], run `bash {rel}/run.sh \"$OUT\"`", i + 1, mib(*bytes));
+        }
+        return Ok(());
     }
     println!(
         "gpu bundle: target/gpu-bundle ({:.1} MiB, with the tree {:.1} MiB); on the GPU machine: target/gpu-bundle/run.sh \"$OUT\"",
@@ -143,6 +152,82 @@ pub fn run(only: Option<&str>) -> Result<()> {
         mib(total + tree)
     );
     Ok(())
+}
+
+/// Room left in each part for run.sh and rounding.
+const PART_SLACK_BYTES: u64 = 64 << 10;
+
+/// Indices of `sizes` grouped into parts of at most `capacity` bytes (first fit, largest first,
+/// each part's indices ascending), or `None` when one item alone is larger than `capacity`.
+fn plan_parts(sizes: &[u64], capacity: u64) -> Option<Vec<Vec<usize>>> {
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|i| std::cmp::Reverse(sizes[*i]));
+    let mut parts: Vec<(u64, Vec<usize>)> = Vec::new();
+    for i in order {
+        if sizes[i] > capacity {
+            return None;
+        }
+        match parts.iter_mut().find(|(used, _)| used + sizes[i] <= capacity) {
+            Some((used, items)) => {
+                *used += sizes[i];
+                items.push(i);
+            }
+            None => parts.push((sizes[i], vec![i])),
+        }
+    }
+    Some(
+        parts
+            .into_iter()
+            .map(|(_, mut items)| {
+                items.sort_unstable();
+                items
+            })
+            .collect(),
+    )
+}
+
+/// Move the bundle's executables (bin/, tests/, benches/) into `part-N` folders of at most
+/// `capacity` bytes, each with its own run.sh; returns each part's folder and size.
+fn split_into_parts(bundle: &Path, capacity: u64) -> Result<Vec<(PathBuf, u64)>> {
+    let mut files = Vec::new();
+    for kind in ["bin", "tests", "benches"] {
+        let Ok(rd) = fs::read_dir(bundle.join(kind)) else {
+            continue;
+        };
+        for f in rd {
+            let f = f?;
+            files.push((kind, f.file_name(), f.metadata()?.len()));
+        }
+    }
+    files.sort();
+    let sizes: Vec<u64> = files.iter().map(|f| f.2).collect();
+    let Some(plan) = plan_parts(&sizes, capacity) else {
+        bail!(
+            "one executable alone is over the room the working tree leaves in a 64 MiB device call ({:.1} MiB)",
+            capacity as f64 / (1u64 << 20) as f64
+        );
+    };
+    let mut parts = Vec::new();
+    for (p, items) in plan.iter().enumerate() {
+        let dir = bundle.join(format!("part-{}", p + 1));
+        let mut bytes = 0;
+        for &i in items {
+            let (kind, name, size) = &files[i];
+            fs::create_dir_all(dir.join(kind))?;
+            fs::rename(bundle.join(kind).join(name), dir.join(kind).join(name))?;
+            bytes += size;
+        }
+        fs::write(dir.join("run.sh"), RUN_SH)?;
+        let sh = workspace::shell()?;
+        let script = dir.join("run.sh");
+        cmd!(sh, "chmod +x {script}").run()?;
+        parts.push((dir, bytes));
+    }
+    for kind in ["bin", "tests", "benches"] {
+        let _ = fs::remove_dir(bundle.join(kind));
+    }
+    fs::remove_file(bundle.join("run.sh"))?;
+    Ok(parts)
 }
 
 const RUN_SH: &str = r####"#!/usr/bin/env bash
@@ -195,3 +280,24 @@ done
 echo "run.sh: exit $status"
 exit $status
 "####;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_respect_the_capacity_and_keep_every_item_once() {
+        let sizes = [2_000u64, 1_900, 2_100, 1_800, 2_000, 1_950, 2_200, 500];
+        let plan = plan_parts(&sizes, 5_000).unwrap();
+        let mut seen: Vec<usize> = plan.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..sizes.len()).collect::<Vec<_>>());
+        for part in &plan {
+            assert!(part.iter().map(|i| sizes[*i]).sum::<u64>() <= 5_000, "{part:?}");
+        }
+        assert_eq!(plan.len(), 4);
+        assert_eq!(plan_parts(&sizes, 10_000_000).unwrap().len(), 1);
+        assert_eq!(plan_parts(&sizes, 2_150), None);
+        assert_eq!(plan_parts(&[], 1).unwrap().len(), 0);
+    }
+}
