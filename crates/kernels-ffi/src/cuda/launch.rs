@@ -246,46 +246,48 @@ fn gemm_fp4q_launch(
     Ok(())
 }
 
-/// Whether a dense GEMM runs on the Hopper FP8 x FP8 wgmma kernel (`di_gemm_fp8_wgmma`): an sm_90
-/// GPU, FP8 weights with activation quantisation, more rows than the decode kernels take (m > 32),
-/// k % 128 == 0, n % 16 == 0; unless switched off by [`crate::ops::set_fp8_wgmma`].
-pub(crate) fn uses_fp8_wgmma(
-    sm90: bool,
-    format: crate::ops::WeightFormat,
-    m: u32,
-    n: u32,
-    k: u32,
-    quantize: bool,
-) -> bool {
-    sm90 && format == crate::ops::WeightFormat::Fp8Block128
-        && quantize
-        && m > 32
-        && k.is_multiple_of(128)
-        && n.is_multiple_of(16)
-        && crate::ops::fp8_wgmma()
+/// The Hopper wgmma FP8 x FP8 GEMM a dense GEMM runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HopperFp8 {
+    /// `di_gemm_fp8_wgmma`: more rows than the decode kernels take (m > 32).
+    Prefill,
+    /// `di_gemm_fp8_dec_n*`: up to 16 rows, W wide enough for its plan.
+    Decode(super::wgmma::DecPlan),
 }
 
-/// The plan of the Hopper wgmma decode GEMM (`di_gemm_fp8_dec_*`) when it applies: an sm_90 GPU
-/// with `hopper_sms` SMs, FP8 weights with activation quantisation, m <= 16 and a `dec_plan`;
-/// unless switched off by [`crate::ops::set_fp8_wgmma`].
-pub(crate) fn fp8_dec_plan(
+impl HopperFp8 {
+    fn kernel(&self) -> String {
+        match self {
+            HopperFp8::Prefill => "di_gemm_fp8_wgmma".into(),
+            HopperFp8::Decode(plan) => plan.kernel(),
+        }
+    }
+}
+
+/// The Hopper wgmma kernel for a dense GEMM, if one applies: an sm_90 GPU with `hopper_sms` SMs,
+/// FP8 weights with activation quantisation, k % 128 == 0, n % 16 == 0, and m > 32 (prefill) or a
+/// decode plan (`dec_plan`); unless switched off by [`crate::ops::set_fp8_wgmma`].
+pub(crate) fn hopper_fp8(
     hopper_sms: Option<u32>,
     format: crate::ops::WeightFormat,
     m: u32,
     n: u32,
     k: u32,
     quantize: bool,
-) -> Option<super::wgmma::DecPlan> {
+) -> Option<HopperFp8> {
     let sms = hopper_sms?;
-    if format != crate::ops::WeightFormat::Fp8Block128 || !quantize || !crate::ops::fp8_wgmma() {
+    let fits = k.is_multiple_of(128) && n.is_multiple_of(16);
+    if format != crate::ops::WeightFormat::Fp8Block128 || !quantize || !fits || !crate::ops::fp8_wgmma() {
         return None;
     }
-    super::wgmma::dec_plan(m, n, k, sms)
+    if m > 32 {
+        return Some(HopperFp8::Prefill);
+    }
+    super::wgmma::dec_plan(m, n, k, sms).map(HopperFp8::Decode)
 }
 
 /// Kernel entry point for a low-precision GEMM and the outputs (rows of W) one block computes: on
-/// an sm_90 GPU (`hopper_sms`: its SM count) the wgmma kernels where they apply (`uses_fp8_wgmma`,
-/// `fp8_dec_plan`), the
+/// an sm_90 GPU (`hopper_sms`: its SM count) the wgmma kernels where they apply (`hopper_fp8`), the
 /// FP8 x FP8 decode kernel where it applies (`uses_fp8_mma_decode`), else the
 /// tensor-core kernel (16 outputs a warp, 8 warps, k split across blocks for narrow outputs) from 2
 /// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128, else the
@@ -298,11 +300,8 @@ pub(crate) fn gemm_lowp_kernel(
     k: u32,
     quantize: bool,
 ) -> (String, u32) {
-    if uses_fp8_wgmma(hopper_sms.is_some(), format, m, n, k, quantize) {
-        return ("di_gemm_fp8_wgmma".into(), 128);
-    }
-    if let Some(plan) = fp8_dec_plan(hopper_sms, format, m, n, k, quantize) {
-        return (plan.kernel(), 128);
+    if let Some(h) = hopper_fp8(hopper_sms, format, m, n, k, quantize) {
+        return (h.kernel(), 128);
     }
     if uses_fp8_mma_decode(format, m, n, k, quantize) {
         return (format!("di_gemm_fp8q_n{}", if m <= 8 { 8 } else { 16 }), 16);
@@ -563,12 +562,10 @@ pub(crate) fn gemm_lowp(
     p: &crate::params::GemmParams,
 ) -> Result<()> {
     let be = backend(stream);
-    if uses_fp8_wgmma(be.is_sm90(), format, p.m, p.n, p.k, p.quantize_x != 0) {
-        return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p);
-    }
-    let hopper_sms = be.is_sm90().then(|| be.sm_count());
-    if let Some(plan) = fp8_dec_plan(hopper_sms, format, p.m, p.n, p.k, p.quantize_x != 0) {
-        return super::wgmma::gemm_fp8_dec_launch(stream, x, w, scale, y, p, plan);
+    match hopper_fp8(be.is_sm90().then(|| be.sm_count()), format, p.m, p.n, p.k, p.quantize_x != 0) {
+        Some(HopperFp8::Prefill) => return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p),
+        Some(HopperFp8::Decode(plan)) => return super::wgmma::gemm_fp8_dec_launch(stream, x, w, scale, y, p, plan),
+        None => {}
     }
     if uses_fp8_mma_decode(format, p.m, p.n, p.k, p.quantize_x != 0) {
         return gemm_fp8q_launch(stream, x, w, scale, y, p, false);
