@@ -10,9 +10,11 @@
 // 64: per 128-wide k block and half they run four wgmma m64n128k32 (raw e4m3 x e4m3, fp32
 // accumulate) from the swizzled slots and add the sums times the x row scale and the W block scale
 // into that half's running fp32 accumulator; then they release the slot. While one warpgroup
-// scales, the other's MMAs run. 256 x 128 tiles read 1.33x fewer L2 bytes per FLOP than 128 x 128
-// (which ran at ~675 TFLOP/s on the H200, about the L2 bandwidth that tile needs). Scaling per k block on the CUDA cores keeps the tensor cores'
-// limited-precision accumulation to 128 products (DeepSeek-V3 §3.3.2).
+// scales, the other's MMAs run. Tiles go in groups of GROUP_M row tiles (W read about once from
+// HBM), and outputs leave through shared memory as whole rows. On the H200, 256 x 128 tiles ran
+// 1.15x faster than 128 x 128 on long k (benches/results/2026-11-30-prefill-wgmma). Scaling per k
+// block on the CUDA cores keeps the tensor cores' limited-precision accumulation to 128 products
+// (DeepSeek-V3 §3.3.2).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -207,19 +209,14 @@ template <> __device__ __forceinline__ void wgmma_dec<16>(float (&d)[8], uint64_
     wgmma_m64n16k32_e4m3(d, da, db, sd);
 }
 
-template <int N> __device__ __forceinline__ void fence_dec(float (&d)[N / 2]) {
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// x rows t < m, k blocks kb0 .. kb0 + cnt, as e4m3 bytes with one power-of-two scale per 1x128
+// x rows t < m, k blocks 0 .. cnt, as e4m3 bytes with one power-of-two scale per 1x128
 // block (the official activation quantisation, as di_quantize_x_e4m3) into xs in the 128-byte
 // swizzled B layout (16-byte chunk c of row t at chunk c ^ (t % 8)) and scales into sxs[j * N + t];
 // rows m .. N are zeros. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane, and
 // each warp issues U blocks' loads before using any (the loads, not the math, are the time).
 template <int N>
 __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict__ x, uint32_t m, uint32_t k,
-                                                 uint32_t kb0, uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w,
+                                                 uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w,
                                                  int lane) {
     constexpr int U = 8;
     const uint32_t tasks = m * cnt, h = lane / 16, l = lane % 16;
@@ -231,7 +228,7 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
             raw[u] = make_uint4(0, 0, 0, 0);
             if (task < tasks)
                 raw[u] = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(task % m) * k +
-                                                          (kb0 + task / m) * 128 + l * 8);
+                                                          (task / m) * 128 + l * 8);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -271,13 +268,13 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
                                             const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                             uint32_t m, uint32_t n, uint32_t k, uint32_t stages) {
     extern __shared__ uint8_t smem_raw[];
-    const uint32_t cnt = k / 128, kb0 = 0, per = cnt;
+    const uint32_t cnt = k / 128;
     const uint32_t rb = blockIdx.x;  // this block's 128-row block of W
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* ring = base;                                  // stages x DEC_TILE
-    uint8_t* xs = ring + stages * DEC_TILE;                // per x N rows x 128 bytes, swizzled
-    float* sxs = reinterpret_cast<float*>(xs + per * N * 128);  // [per][N] x scales
-    float* red = sxs + per * N;                            // [128][N] partial sums
+    uint8_t* xs = ring + stages * DEC_TILE;                    // cnt x N rows x 128 bytes, swizzled
+    float* sxs = reinterpret_cast<float*>(xs + cnt * N * 128);  // [cnt][N] x scales
+    float* red = sxs + cnt * N;                                // [128][N] outputs
     uint64_t* full = reinterpret_cast<uint64_t*>(red + DEC_ROWS * N);
     uint64_t* empty = full + stages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -290,13 +287,13 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
                 const uint32_t s = j % stages;
                 mbar_wait(&empty[s], ((j / stages) & 1) ^ 1);
                 mbar_arrive_expect_tx(&full[s], DEC_TILE);
-                tma_load_2d(ring + s * DEC_TILE, &map_w, static_cast<int32_t>((kb0 + j) * 128),
+                tma_load_2d(ring + s * DEC_TILE, &map_w, static_cast<int32_t>(j * 128),
                             static_cast<int32_t>(rb * DEC_ROWS), &full[s]);
             }
         }
         __syncwarp();  // warp 0 reconverges before the block-wide barriers below
     } else {
-        quantize_x_slice<N>(x, m, k, kb0, cnt, xs, sxs, warp - 1, lane);
+        quantize_x_slice<N>(x, m, k, cnt, xs, sxs, warp - 1, lane);
         fence_proxy_async_smem();
         named_barrier(1, 224);  // warps 1-7: x is in place
 
@@ -308,11 +305,11 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
             const uint8_t* swr = sw + static_cast<size_t>(rb) * cnt;
             for (uint32_t j = 0; j < cnt; ++j) {
                 const uint32_t s = j % stages;
-                const float sb = e8m0(swr[kb0 + j]);
+                const float sb = e8m0(swr[j]);
                 mbar_wait(&full[s], (j / stages) & 1);
                 const uint32_t wa = smem_addr(ring + s * DEC_TILE), xa = smem_addr(xs + j * N * 128);
-                fence_dec<N>(blk0);
-                fence_dec<N>(blk1);
+                wgmma_fence_regs(blk0);
+                wgmma_fence_regs(blk1);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
@@ -322,8 +319,8 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
                 }
                 wgmma_commit();
                 wgmma_wait<0>();
-                fence_dec<N>(blk0);
-                fence_dec<N>(blk1);
+                wgmma_fence_regs(blk0);
+                wgmma_fence_regs(blk1);
                 if (lane == 0) mbar_arrive(&empty[s]);
                 // Columns (tokens) of accumulator i: 8 (i / 4) + 2 (lane % 4) + (i % 2).
 #pragma unroll

@@ -108,9 +108,9 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 }
 
 // Keep the compiler from moving accesses of d across the asynchronous wgmma that owns it.
-__device__ __forceinline__ void wgmma_fence_regs(float (&d)[64]) {
+template <int R> __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // d (64 x 128 fp32 in the wgmma accumulator layout) (+)= A (64 x 32 e4m3) . B (128 x 32 e4m3)^T,
