@@ -10,7 +10,7 @@
 //! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
 //! launches, median of 20 batches.
 
-use deepinfer_kernels_ffi::attention::{attention_decode, decode_splits, DecodeAttnShape};
+use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
 use half::bf16;
 
@@ -28,6 +28,15 @@ fn main() {
     let (batch, heads, d) = (64u32, 64u32, 512usize);
     let scale = 1.0 / (d as f32).sqrt();
     let mut results = Vec::new();
+    // Every kernel this GPU runs (on sm_90 the warpgroup-MMA kernel and the mma.sync one).
+    let mut kernels = Vec::new();
+    for wgmma in [true, false] {
+        set_wgmma(wgmma);
+        let k = cuda_kernel(&s).unwrap();
+        if !kernels.iter().any(|(_, n)| *n == k) {
+            kernels.push((wgmma, k));
+        }
+    }
     for (what, keys) in [
         ("CSA (128 window + 512 top-k)", 640u32),
         ("HCA 8k (128 + 64)", 192),
@@ -48,54 +57,59 @@ fn main() {
             (s.upload(&q).unwrap(), s.upload(&rows).unwrap(), s.upload(&counts).unwrap(), s.upload(&sink).unwrap());
         let mut out = s.zeros::<bf16>(q.len()).unwrap();
         let mut st = s.zeros::<i32>(1).unwrap();
-        attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
-        // Check sequence 0 against the CPU.
-        let one = DecodeAttnShape { batch: 1, ..shape };
-        let mut want = vec![bf16::ZERO; heads as usize * d];
-        deepinfer_kernels_ffi::cpu::attention::attention_decode(
-            &q[..heads as usize * d],
-            &kv,
-            &rows[..keys as usize],
-            &counts[..1],
-            &sink,
-            &mut want,
-            one,
-            scale,
-        );
-        let got: Vec<f32> = s.download_range(&out, 0, heads as usize * d).unwrap().iter().map(|v| v.to_f32()).collect();
-        let (rel, _) = rel_err(&got, &want.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
-        assert!(rel < 1e-2, "{what}: rel_err {rel:e} against the CPU");
-        let mut i = 0;
-        let mut times = Vec::new();
-        for rep in 0..22 {
-            let a = s.record_event().unwrap();
-            for _ in 0..20 {
-                i = (i + 1) % copies;
-                attention_decode(&s, &qb, &pools[i], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+        for &(wgmma, kernel) in &kernels {
+            set_wgmma(wgmma);
+            attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+            // Check sequence 0 against the CPU.
+            let one = DecodeAttnShape { batch: 1, ..shape };
+            let mut want = vec![bf16::ZERO; heads as usize * d];
+            deepinfer_kernels_ffi::cpu::attention::attention_decode(
+                &q[..heads as usize * d],
+                &kv,
+                &rows[..keys as usize],
+                &counts[..1],
+                &sink,
+                &mut want,
+                one,
+                scale,
+            );
+            let got: Vec<f32> =
+                s.download_range(&out, 0, heads as usize * d).unwrap().iter().map(|v| v.to_f32()).collect();
+            let (rel, _) = rel_err(&got, &want.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
+            assert!(rel < 1e-2, "{what}: rel_err {rel:e} against the CPU");
+            let mut i = 0;
+            let mut times = Vec::new();
+            for rep in 0..22 {
+                let a = s.record_event().unwrap();
+                for _ in 0..20 {
+                    i = (i + 1) % copies;
+                    attention_decode(&s, &qb, &pools[i], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+                }
+                let e = s.record_event().unwrap();
+                if rep >= 2 {
+                    times.push(a.elapsed_ms(&e).unwrap() as f64 / 20.0);
+                }
             }
-            let e = s.record_event().unwrap();
-            if rep >= 2 {
-                times.push(a.elapsed_ms(&e).unwrap() as f64 / 20.0);
-            }
+            let ms = median(times);
+            let bytes = (batch * keys) as f64 * d as f64 * 2.0 + 2.0 * q.len() as f64 * 2.0;
+            let flops = 4.0 * batch as f64 * heads as f64 * keys as f64 * d as f64;
+            let floor_ms = bytes / BYTES_PER_S * 1e3;
+            let (splits, per) = decode_splits(shape);
+            println!(
+                "attention_decode {kernel:<17} {what:<30} batch={batch} heads={heads} keys={keys:<5} splits={splits}x{per}  {:>7.1} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}  {:.0} GB/s  {:.0} TFLOP/s  rel_err {rel:.1e}",
+                bytes / 1e6,
+                floor_ms / ms,
+                bytes / (ms * 1e-3) / 1e9,
+                flops / (ms * 1e-3) / 1e12
+            );
+            results.push(
+                serde_json::json!({"op": "attention_decode", "kernel": kernel, "case": what, "batch": batch, "heads": heads, "head_dim": d,
+                "keys": keys, "splits": splits, "tiles_per_split": per, "bytes": bytes, "flops": flops, "median_ms": ms,
+                "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
+                "rel_err_vs_cpu_seq0": rel}),
+            );
         }
-        let ms = median(times);
-        let bytes = (batch * keys) as f64 * d as f64 * 2.0 + 2.0 * q.len() as f64 * 2.0;
-        let flops = 4.0 * batch as f64 * heads as f64 * keys as f64 * d as f64;
-        let floor_ms = bytes / BYTES_PER_S * 1e3;
-        let (splits, per) = decode_splits(shape);
-        println!(
-            "attention_decode {what:<30} batch={batch} heads={heads} keys={keys:<5} splits={splits}x{per}  {:>7.1} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}  {:.0} GB/s  {:.0} TFLOP/s  rel_err {rel:.1e}",
-            bytes / 1e6,
-            floor_ms / ms,
-            bytes / (ms * 1e-3) / 1e9,
-            flops / (ms * 1e-3) / 1e12
-        );
-        results.push(
-            serde_json::json!({"op": "attention_decode", "case": what, "batch": batch, "heads": heads, "head_dim": d,
-            "keys": keys, "splits": splits, "tiles_per_split": per, "bytes": bytes, "flops": flops, "median_ms": ms,
-            "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
-            "rel_err_vs_cpu_seq0": rel}),
-        );
+        set_wgmma(true);
         drop(pools);
     }
     // The lightning indexer at decode: 64 sequences, 64 heads x 128, k = 512, over the compressed
@@ -172,26 +186,30 @@ fn main() {
             let sb = s.upload(&rng.vec(heads as usize)).unwrap();
             let mut out = s.zeros::<bf16>(tokens as usize * heads as usize * d).unwrap();
             let mut st = s.zeros::<i32>(1).unwrap();
-            let mut times = Vec::new();
-            for rep in 0..5 {
-                let a = s.record_event().unwrap();
-                attention_prefill(&s, &qb, &kvb, &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
-                let e = s.record_event().unwrap();
-                if rep >= 1 {
-                    times.push(a.elapsed_ms(&e).unwrap() as f64);
+            for &(wgmma, kernel) in &kernels {
+                set_wgmma(wgmma);
+                let mut times = Vec::new();
+                for rep in 0..5 {
+                    let a = s.record_event().unwrap();
+                    attention_prefill(&s, &qb, &kvb, &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+                    let e = s.record_event().unwrap();
+                    if rep >= 1 {
+                        times.push(a.elapsed_ms(&e).unwrap() as f64);
+                    }
                 }
+                let ms = median(times);
+                let flops = 4.0 * tokens as f64 * heads as f64 * keys as f64 * d as f64;
+                let floor_ms = flops / BF16_FLOP_PER_S * 1e3;
+                println!(
+                    "attention_prefill {kernel:<17} {what:<28} tokens={tokens} heads={heads} keys={keys}  median {ms:.3} ms  {:.0} TFLOP/s  bf16 floor {floor_ms:.3} ms  achieved/floor {:.3}",
+                    flops / (ms * 1e-3) / 1e12,
+                    floor_ms / ms
+                );
+                results.push(serde_json::json!({"op": "attention_prefill", "kernel": kernel, "case": what, "tokens": tokens, "heads": heads,
+                    "head_dim": d, "keys_per_query": keys, "flops": flops, "median_ms": ms, "floor_ms": floor_ms,
+                    "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
             }
-            let ms = median(times);
-            let flops = 4.0 * tokens as f64 * heads as f64 * keys as f64 * d as f64;
-            let floor_ms = flops / BF16_FLOP_PER_S * 1e3;
-            println!(
-                "attention_prefill {what:<28} tokens={tokens} heads={heads} keys={keys}  median {ms:.3} ms  {:.0} TFLOP/s  bf16 floor {floor_ms:.3} ms  achieved/floor {:.3}",
-                flops / (ms * 1e-3) / 1e12,
-                floor_ms / ms
-            );
-            results.push(serde_json::json!({"op": "attention_prefill", "case": what, "tokens": tokens, "heads": heads,
-                "head_dim": d, "keys_per_query": keys, "flops": flops, "median_ms": ms, "floor_ms": floor_ms,
-                "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
+            set_wgmma(true);
         }
     }
     // The compressors: decode (64 sequences, one token each, every one closing a window) and a

@@ -18,6 +18,30 @@ pub const CUDA_HEAD_DIM: u32 = 512;
 /// The most query heads one CUDA decode block computes.
 pub const CUDA_MAX_HEADS: u32 = 64;
 
+static WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether decode (and prefill) attention uses the Hopper warpgroup-MMA kernel on an sm_90 GPU (the
+/// default) or the mma.sync kernel every CUDA GPU runs: a process-wide switch for A/B benchmarks and
+/// for testing both kernels; results agree within the attention tolerance either way.
+pub fn set_wgmma(on: bool) {
+    WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_wgmma`] sets.
+pub fn wgmma() -> bool {
+    WGMMA.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU; `None` on the CPU or without the
+/// CUDA backend.
+pub fn cuda_kernel(stream: &Stream) -> Option<&'static str> {
+    match stream.device() {
+        #[cfg(feature = "cuda")]
+        crate::device::Device::Cuda(_) => Some(crate::cuda::attention::decode_kernel(stream).1),
+        _ => None,
+    }
+}
+
 /// Decode attention: for every sequence b and head h,
 /// `out[b, h] = Σ_j p_hj·k_j`, `p_hj = exp(s_hj) / (Σ_j' exp(s_hj') + exp(sink[h]))`,
 /// `s_hj = scale·q[b, h]·k_j`, over the keys `kv[key_rows[b, j]]` for j < key_counts[b] (K = V:

@@ -7,7 +7,7 @@
 //! fp32; the CPU keeps f32 probabilities. Errors of 2^-9 per term average down over many keys; the
 //! output is rounded to bf16 on both sides.
 
-use deepinfer_kernels_ffi::attention::{attention_decode, decode_splits, DecodeAttnShape};
+use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
 use deepinfer_kernels_ffi::{Device, Stream};
 use half::bf16;
@@ -67,7 +67,20 @@ fn gpu_attention_decode_matches_cpu() {
         (64, 64, 640, true, 8.0),
         (7, 40, 33, false, 1.0),
     ];
-    for (batch, heads, max_keys, full, qs) in shapes {
+    // Every kernel this GPU can run: on sm_90 the warpgroup-MMA kernel (the default) and the
+    // mma.sync one; elsewhere only the latter.
+    let mut kernels = Vec::new();
+    for wgmma in [true, false] {
+        set_wgmma(wgmma);
+        let k = cuda_kernel(&gpu).unwrap();
+        if !kernels.iter().any(|(_, n)| *n == k) {
+            kernels.push((wgmma, k));
+        }
+    }
+    for ((batch, heads, max_keys, full, qs), &(wgmma, kernel)) in
+        shapes.into_iter().flat_map(|sh| kernels.iter().map(move |k| (sh, k)))
+    {
+        set_wgmma(wgmma);
         let mut c = case(&mut rng, batch, heads, max_keys, full, qs);
         let (want, skipped_cpu) = run(&cpu, &c);
         let (got, skipped_gpu) = run(&gpu, &c);
@@ -76,7 +89,7 @@ fn gpu_attention_decode_matches_cpu() {
         let (rel, max) = rel_err(&got, &want);
         let (splits, per) = decode_splits(c.shape);
         println!(
-            "parity attention_decode batch={batch} heads={heads} keys<={max_keys} q_scale={qs} splits={splits}x{per} tiles: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})"
+            "parity attention_decode {kernel} batch={batch} heads={heads} keys<={max_keys} q_scale={qs} splits={splits}x{per} tiles: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})"
         );
         assert!(rel < TOL, "batch={batch} heads={heads} keys={max_keys}: rel_err {rel:e}");
         let (again, _) = run(&gpu, &c);
@@ -96,6 +109,7 @@ fn gpu_attention_decode_matches_cpu() {
             assert!(rel < TOL, "with a skipped row: rel_err {rel:e}");
         }
     }
+    set_wgmma(true);
 }
 
 /// The lightning indexer (scores and top-k) against the CPU: scores within 1e-4 (bf16 products

@@ -15,6 +15,21 @@ use super::launch::backend;
 /// one block per SM.
 const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 * 65 * 4 + 3 * 64 * 4;
 
+/// Dynamic shared memory of di_attn_decode_wg (its static_assert in attention_sm90.cu): 1024 bytes
+/// of alignment slack, Q and two key tiles (64 KB each), P (8 KB), the row maxima and sums of both
+/// math warpgroups, the key rows of two tiles, five mbarriers.
+const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 8192 + 1024 + 2 * 64 * 4 + 5 * 8;
+
+/// The kernel `attention_decode` launches on this GPU: the Hopper warpgroup-MMA kernel on sm_90
+/// (unless switched off by [`crate::attention::set_wgmma`]), the mma.sync kernel elsewhere.
+pub(crate) fn decode_kernel(stream: &Stream) -> (&'static str, &'static str) {
+    if backend(stream).is_sm90() && crate::attention::wgmma() {
+        ("attention_sm90", "di_attn_decode_wg")
+    } else {
+        ("attention", "di_attn_decode")
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode(
     stream: &Stream,
@@ -30,7 +45,9 @@ pub(crate) fn attention_decode(
 ) -> Result<()> {
     let s = stream.cuda_stream("attention_decode", "q")?;
     let be = backend(stream);
-    let f = be.function_with_smem("attention", "di_attn_decode", ATTN_SMEM_BYTES)?;
+    let (module, kernel) = decode_kernel(stream);
+    let (threads, smem) = if kernel == "di_attn_decode_wg" { (384, ATTN_WG_SMEM) } else { (256, ATTN_SMEM_BYTES) };
+    let f = be.function_with_smem(module, kernel, smem)?;
     let (splits, per) = decode_splits(shape);
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
     let pool_rows = u32::try_from(kv.len() / d)
@@ -43,8 +60,7 @@ pub(crate) fn attention_decode(
     } else {
         None
     };
-    let cfg =
-        LaunchConfig { grid_dim: (shape.batch, splits, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTN_SMEM_BYTES };
+    let cfg = LaunchConfig { grid_dim: (shape.batch, splits, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     let mut l = s.launch_builder(&f);
     l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
     match parts.as_mut() {
@@ -52,7 +68,7 @@ pub(crate) fn attention_decode(
         None => l.arg(&none).arg(&none),
     };
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
-    // SAFETY: matches di_attn_decode (q, kv, key_rows, key_counts, sink, out, o_part, ml_part,
+    // SAFETY: matches di_attn_decode and di_attn_decode_wg (q, kv, key_rows, key_counts, sink, out, o_part, ml_part,
     // status, heads, max_keys, pool_rows, tiles_per_split, scale); the op checked q/out [batch,
     // heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads <= 64; the
     // kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.

@@ -1,0 +1,287 @@
+// Decode attention on Hopper (sm_90a) with warpgroup MMAs: the same op, arguments and outputs as
+// di_attn_decode (attention.cu, which states the math): per (sequence, split of its keys) one block
+// with all <= 64 heads, so every key row is read from memory once; splits merged by
+// di_attn_decode_combine.
+//
+// Block: three warpgroups. Warpgroup 0 gathers: its 128 threads copy the query rows and then each
+// 64-key tile (the rows named by key_rows, 1 KB each) with cp.async into 128-byte-swizzled shared
+// memory (eight 8 KB column chunks of 64 rows x 64 bf16), two stages, signalled through mbarriers
+// (cp.async.mbarrier.arrive). Warpgroups 1 and 2 compute, per tile:
+//   S = Q K^T   wgmma m64n32k16, warpgroup c takes keys 32c..32c+31 over all 512 dims;
+//   softmax     the row maxima meet in shared memory (one barrier of both warpgroups), each
+//               warpgroup writes its probabilities (bf16) into the shared 64 x 64 P tile and keeps
+//               the running sum of its own keys (both use the same running max);
+//   O += P V    wgmma m64n256k16 after a second barrier, warpgroup c owning output columns
+//               256c..256c+255 (128 fp32 accumulators a thread), V = the same key tile read
+//               MN-major (the instruction transposes it).
+// The key stage is released when its P V has completed. The probabilities are rounded to bf16 exactly as in di_attn_decode,
+// and the sums add those rounded values.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "sm90.cuh"
+
+constexpr int DI_ATTN_WG_THREADS = 3 * 128;  // gather warpgroup + two math warpgroups
+
+#if DI_SM90
+namespace {
+
+constexpr int D = 512;                 // head dimension (the single K=V head)
+constexpr int HM = 64;                 // query rows (heads) of a block; rows >= heads are zero
+constexpr int KT = 64;                 // keys per tile
+constexpr int STAGES = 2;              // key tiles in flight
+constexpr int CHUNK = 64 * 128;        // 64 rows x 128 bytes (64 bf16 columns), swizzled
+constexpr int TILE = (D / 64) * CHUNK;  // one 64-row x 512 bf16 tile: 64 KB
+// Dynamic shared memory (ATTN_WG_SMEM in attention.rs): 1024 bytes of alignment slack, Q, the key
+// stages, P, the row maxima and sums of both math warpgroups, the key rows of two tiles, the
+// barriers (full, empty, Q).
+constexpr int SMEM = 1024 + TILE + STAGES * TILE + HM * 128 + 2 * 2 * HM * 4 + 2 * KT * 4 + (2 * STAGES + 1) * 8;
+static_assert(SMEM == 207400, "attention.rs ATTN_WG_SMEM");
+
+// Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
+__device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
+    return (v / 8) * CHUNK + r * 128 + (((v % 8) ^ (r % 8)) * 16);
+}
+
+__device__ __forceinline__ void cp16(uint8_t* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// Arrive on bar once this thread's earlier cp.async copies have landed (the arrival is counted in
+// the barrier's expected count).
+__device__ __forceinline__ void cp_arrive(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+}  // namespace
+#endif
+
+extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1)
+    di_attn_decode_wg(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
+                      const int32_t* __restrict__ key_rows, const int32_t* __restrict__ key_counts,
+                      const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ o_part,
+                      float* __restrict__ ml_part, int32_t* __restrict__ status, uint32_t heads, uint32_t max_keys,
+                      uint32_t pool_rows, uint32_t tiles_per_split, float scale) {
+#if DI_SM90
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t* q_s = base;
+    uint8_t* k_s = base + TILE;
+    uint8_t* p_s = k_s + STAGES * TILE;
+    float* red = reinterpret_cast<float*>(p_s + HM * 128);  // [2][HM] row maxima, then [2][HM] sums
+    int32_t* idx = reinterpret_cast<int32_t*>(red + 4 * HM);  // [2][KT] pool rows of the next tiles
+    uint64_t* full = reinterpret_cast<uint64_t*>(idx + 2 * KT);
+    uint64_t* empty = full + STAGES;
+    uint64_t* q_bar = empty + STAGES;
+    const uint32_t b = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
+    const uint32_t k_begin = min(count, split * tiles_per_split * KT);
+    const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
+    const uint32_t tiles = (k_end - k_begin + KT - 1) / KT;
+    const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
+    auto key_ok = [&](uint32_t key) {
+        if (key >= k_end) return false;
+        const int32_t r = rows[key];
+        return r >= 0 && static_cast<uint32_t>(r) < pool_rows;
+    };
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 128);  // every gather thread's cp.async arrival
+            mbar_init(&empty[s], 8);   // lane 0 of each math warp
+        }
+        mbar_init(q_bar, 128);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        const uint32_t t = threadIdx.x;
+        // Q: 64 rows x 64 units of 16 bytes; thread t takes unit t % 64 of rows t / 64, +2, ...
+        for (uint32_t i = 0; i < HM * 64 / 128; ++i) {
+            const uint32_t h = 2 * i + t / 64, v = t % 64;
+            const bool ok = h < heads;
+            cp16(q_s + tile_off(h, v), q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
+        }
+        cp_arrive(q_bar);
+        // The pool rows of a tile's keys go through shared memory (-1: no key), loaded one tile
+        // ahead by threads 0-63, so the copies never wait on an index load.
+        auto row_of = [&](uint32_t key) -> int32_t {
+            if (key >= k_end) return -1;
+            const int32_t r = rows[key];
+            if (r >= 0 && static_cast<uint32_t>(r) < pool_rows) return r;
+            atomicExch(status, 1);
+            return -1;
+        };
+        int32_t next = t < KT ? row_of(k_begin + t) : -1;
+        for (uint32_t it = 0; it < tiles; ++it) {
+            const uint32_t s = it % STAGES;
+            if (t < KT) idx[(it % 2) * KT + t] = next;
+            named_barrier(2, 128);  // the indices of tile it are in place (those of it - 2 read)
+            if (t < KT) next = row_of(k_begin + (it + 1) * KT + t);
+            mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+            uint8_t* dst = k_s + s * TILE;
+            const int32_t* ix = idx + (it % 2) * KT;
+#pragma unroll 8
+            for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
+                const uint32_t j = 2 * i + t / 64, v = t % 64;
+                const int32_t r = ix[j];
+                cp16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+            }
+            cp_arrive(&full[s]);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    setmaxnreg_inc<232>();
+    const int cw = wg - 1;  // keys 32cw.. of each tile's S; output columns 256cw..
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    // Accumulator layout (wgmma m64nN): rows r0 = 16 warp + lane / 4 and r0 + 8, columns
+    // 8 j + 2 (lane % 4) (+1) in registers 4 j (+1) and 4 j + 2 (+1).
+    const int r0 = warp * 16 + lane / 4;
+    const int rr[2] = {r0, r0 + 8};
+    float m_run[2], l_run[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
+        m_run[e] = with_sink ? sink[rr[e]] : -INFINITY;
+        l_run[e] = with_sink && cw == 0 ? 1.f : 0.f;  // the sink counted once, by warpgroup 0
+    }
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    const uint32_t q_a = smem_addr(q_s), k_a = smem_addr(k_s), p_a = smem_addr(p_s);
+    float sc[16];  // S (the first MMA of a tile overwrites it)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sc[i] = 0.f;
+    mbar_wait(q_bar, 0);
+
+    for (uint32_t it = 0; it < tiles; ++it) {
+        const uint32_t s = it % STAGES;
+        const uint32_t k0 = k_begin + it * KT;
+        // Which of this thread's 8 key columns are real keys (the rest get probability 0).
+        uint32_t valid = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (key_ok(k0 + cw * 32 + 8 * j + 2 * (lane % 4) + e)) valid |= 1u << (2 * j + e);
+        mbar_wait(&full[s], (it / STAGES) & 1);
+        fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
+        wgmma_fence_regs(sc);
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < D / 16; ++kc) {
+            const uint32_t off = (kc / 4) * CHUNK + (kc % 4) * 32;
+            wgmma_m64n32k16_bf16(sc, wgmma_desc_sw128(q_a + off), wgmma_desc_sw128(k_a + s * TILE + cw * 32 * 128 + off),
+                                 kc > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(sc);
+
+        // Row maxima over both warpgroups' keys.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool ok = (valid >> (2 * j + (e & 1))) & 1;
+                sc[4 * j + e] = ok ? sc[4 * j + e] * scale : -INFINITY;
+                mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
+            }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+            mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+            if (lane % 4 == 0) red[cw * HM + rr[e]] = mx[e];
+        }
+        named_barrier(1, 256);
+        float alpha[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float m_new = fmaxf(m_run[e], fmaxf(red[rr[e]], red[HM + rr[e]]));
+            // m_new = -inf only while a row has seen no key and no sink (splits > 0, skipped rows).
+            alpha[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - m_new);
+            m_run[e] = m_new;
+        }
+        float sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float* v = sc + 4 * j + 2 * e;
+                const float x0 = v[0] == -INFINITY ? 0.f : __expf(v[0] - m_run[e]);
+                const float x1 = v[1] == -INFINITY ? 0.f : __expf(v[1] - m_run[e]);
+                const __nv_bfloat162 pb = __floats2bfloat162_rn(x0, x1);
+                sum[e] += __low2float(pb) + __high2float(pb);  // the sum of exactly what P V multiplies
+                const uint32_t col = cw * 32 + 8 * j + 2 * (lane % 4);
+                *reinterpret_cast<__nv_bfloat162*>(p_s + rr[e] * 128 + (((col / 8) ^ (rr[e] % 8)) * 16) + (col % 8) * 2) = pb;
+            }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
+            sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
+            l_run[e] = l_run[e] * alpha[e] + sum[e];
+        }
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            o[4 * j] *= alpha[0];
+            o[4 * j + 1] *= alpha[0];
+            o[4 * j + 2] *= alpha[1];
+            o[4 * j + 3] *= alpha[1];
+        }
+        fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
+        named_barrier(1, 256);
+        wgmma_fence_regs(o);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+            wgmma_m64n256k16_bf16_bmn(o, wgmma_desc_sw128(p_a + ks * 32),
+                                      wgmma_desc_sw128_mn(k_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128, CHUNK), 1);
+        wgmma_commit();
+        // Waiting here rather than at the next tile's S: with a group in flight across the loop
+        // edge ptxas serialises every wgmma of the loop (warning C7515).
+        wgmma_wait<0>();
+        wgmma_fence_regs(o);
+        if (lane == 0) mbar_arrive(&empty[s]);
+    }
+
+    // Both warpgroups' sums; outputs.
+    float* lsum = red + 2 * HM;
+    if (lane % 4 == 0) {
+        lsum[cw * HM + rr[0]] = l_run[0];
+        lsum[cw * HM + rr[1]] = l_run[1];
+    }
+    named_barrier(1, 256);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int h = rr[e];
+        if (h >= static_cast<int>(heads)) continue;
+        const float l = lsum[h] + lsum[HM + h];
+        const uint32_t c0 = cw * 256 + 2 * (lane % 4);
+        if (splits == 1) {
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + h) * D + c0;
+#pragma unroll
+            for (int j = 0; j < 32; ++j)
+                *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+                    __floats2bfloat162_rn(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
+        } else {
+            float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + c0;
+#pragma unroll
+            for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
+            if (cw == 0 && lane % 4 == 0) {
+                float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
+                ml[0] = m_run[e];
+                ml[1] = l;
+            }
+        }
+    }
+#else
+    __trap();  // sm_90a only; the launcher never picks it elsewhere
+#endif
+}
