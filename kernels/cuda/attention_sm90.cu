@@ -57,13 +57,20 @@ __device__ __forceinline__ void cp_arrive(uint64_t* bar) {
 }  // namespace
 #endif
 
-extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1)
-    di_attn_decode_wg(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
-                      const int32_t* __restrict__ key_rows, const int32_t* __restrict__ key_counts,
-                      const float* __restrict__ sink, __nv_bfloat16* __restrict__ out, float* __restrict__ o_part,
-                      float* __restrict__ ml_part, int32_t* __restrict__ status, uint32_t heads, uint32_t max_keys,
-                      uint32_t pool_rows, uint32_t tiles_per_split, float scale) {
 #if DI_SM90
+namespace {
+
+// The whole op for one block; C2: the grid's two splits of a sequence run as a cluster of two
+// blocks, and split 1 hands its partial output to split 0 through distributed shared memory
+// (no fp32 partials in global memory, no combine launch).
+template <bool C2>
+__device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
+                                               const int32_t* __restrict__ key_rows,
+                                               const int32_t* __restrict__ key_counts, const float* __restrict__ sink,
+                                               __nv_bfloat16* __restrict__ out, float* __restrict__ o_part,
+                                               float* __restrict__ ml_part, int32_t* __restrict__ status,
+                                               uint32_t heads, uint32_t max_keys, uint32_t pool_rows,
+                                               uint32_t tiles_per_split, float scale) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* q_s = base;
@@ -80,15 +87,10 @@ extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1)
     const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
     const uint32_t tiles = (k_end - k_begin + KT - 1) / KT;
     const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
-    auto key_ok = [&](uint32_t key) {
-        if (key >= k_end) return false;
-        const int32_t r = rows[key];
-        return r >= 0 && static_cast<uint32_t>(r) < pool_rows;
-    };
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 128);  // every gather thread's cp.async arrival
+            mbar_init(&full[s], 129);  // every gather thread's cp.async arrival + the key rows
             mbar_init(&empty[s], 8);   // lane 0 of each math warp
         }
         mbar_init(q_bar, 128);
@@ -115,15 +117,18 @@ extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1)
             atomicExch(status, 1);
             return -1;
         };
+        // idx[s] also tells the math warpgroups which keys are real: thread 0's plain arrival on
+        // full[s] (after the barrier that orders the index stores) publishes it.
         int32_t next = t < KT ? row_of(k_begin + t) : -1;
         for (uint32_t it = 0; it < tiles; ++it) {
             const uint32_t s = it % STAGES;
-            if (t < KT) idx[(it % 2) * KT + t] = next;
-            named_barrier(2, 128);  // the indices of tile it are in place (those of it - 2 read)
-            if (t < KT) next = row_of(k_begin + (it + 1) * KT + t);
             mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+            int32_t* ix = idx + s * KT;
+            if (t < KT) ix[t] = next;
+            named_barrier(2, 128);
+            if (t == 0) mbar_arrive(&full[s]);
+            if (t < KT) next = row_of(k_begin + (it + 1) * KT + t);
             uint8_t* dst = k_s + s * TILE;
-            const int32_t* ix = idx + (it % 2) * KT;
 #pragma unroll 8
             for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
                 const uint32_t j = 2 * i + t / 64, v = t % 64;
@@ -133,6 +138,10 @@ extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1)
             cp_arrive(&full[s]);
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
+        if constexpr (C2) {  // every thread of both blocks takes part in the cluster barriers
+            cluster_sync();
+            cluster_sync();
+        }
         return;
     }
 
@@ -161,15 +170,14 @@ extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1)
 
     for (uint32_t it = 0; it < tiles; ++it) {
         const uint32_t s = it % STAGES;
-        const uint32_t k0 = k_begin + it * KT;
+        mbar_wait(&full[s], (it / STAGES) & 1);
         // Which of this thread's 8 key columns are real keys (the rest get probability 0).
         uint32_t valid = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-                if (key_ok(k0 + cw * 32 + 8 * j + 2 * (lane % 4) + e)) valid |= 1u << (2 * j + e);
-        mbar_wait(&full[s], (it / STAGES) & 1);
+                if (idx[s * KT + cw * 32 + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
         fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
         wgmma_fence_regs(sc);
         wgmma_fence();
@@ -250,38 +258,123 @@ extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1)
         if (lane == 0) mbar_arrive(&empty[s]);
     }
 
-    // Both warpgroups' sums; outputs.
+    // Both warpgroups' sums.
     float* lsum = red + 2 * HM;
     if (lane % 4 == 0) {
         lsum[cw * HM + rr[0]] = l_run[0];
         lsum[cw * HM + rr[1]] = l_run[1];
     }
     named_barrier(1, 256);
+    float l_tot[2];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int h = rr[e];
-        if (h >= static_cast<int>(heads)) continue;
-        const float l = lsum[h] + lsum[HM + h];
-        const uint32_t c0 = cw * 256 + 2 * (lane % 4);
-        if (splits == 1) {
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + h) * D + c0;
+    for (int e = 0; e < 2; ++e) l_tot[e] = lsum[rr[e]] + lsum[HM + rr[e]];
+    const uint32_t c0 = cw * 256 + 2 * (lane % 4);
+    const uint32_t mt = threadIdx.x - 128;  // this thread among the 256 math threads
+
+    // Without a cluster: the normalised output (one split) or fp32 partials and (m, l) per row.
+    auto write_parts = [&]() {
 #pragma unroll
-            for (int j = 0; j < 32; ++j)
-                *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
-                    __floats2bfloat162_rn(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
-        } else {
-            float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + c0;
+        for (int e = 0; e < 2; ++e) {
+            const int h = rr[e];
+            if (h >= static_cast<int>(heads)) continue;
+            const float l = l_tot[e];
+            if (splits == 1) {
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + h) * D + c0;
 #pragma unroll
-            for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
-            if (cw == 0 && lane % 4 == 0) {
-                float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
-                ml[0] = m_run[e];
-                ml[1] = l;
+                for (int j = 0; j < 32; ++j)
+                    *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+                        __floats2bfloat162_rn(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
+            } else {
+                float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + c0;
+#pragma unroll
+                for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
+                if (cw == 0 && lane % 4 == 0) {
+                    float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
+                    ml[0] = m_run[e];
+                    ml[1] = l;
+                }
             }
         }
+    };
+    if constexpr (C2) {
+        // Split 1 writes its unnormalised O (in this thread layout: float4 i of thread mt at
+        // (i * 256 + mt) * 16, conflict-free) into split 0's free key stages and its row max and
+        // sum into split 0's maxima area; split 0 merges and writes the output.
+        const uint32_t rank = cluster_ctarank();
+        cluster_sync();  // split 0 is done with its key stages and maxima
+        if (rank == 1) {
+            const uint32_t o_remote = mapa_shared(k_a, 0), red_remote = mapa_shared(smem_addr(red), 0);
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+                st_cluster_v4(o_remote + (i * 256 + mt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+            if (cw == 0 && lane % 4 == 0)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
+                    st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
+                }
+        }
+        cluster_sync();
+        if (rank == 1) return;
+        float w0[2], w1[2], inv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
+            const float mx = fmaxf(m_run[e], m1);
+            w0[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - mx);
+            w1[e] = m1 == -INFINITY ? 0.f : __expf(m1 - mx);
+            const float den = l_tot[e] * w0[e] + l1 * w1[e];
+            inv[e] = den > 0.f ? 1.f / den : 0.f;
+        }
+        const float4* other = reinterpret_cast<const float4*>(k_s);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const float4 v = other[i * 256 + mt];
+            o[4 * i] = (o[4 * i] * w0[0] + v.x * w1[0]) * inv[0];
+            o[4 * i + 1] = (o[4 * i + 1] * w0[0] + v.y * w1[0]) * inv[0];
+            o[4 * i + 2] = (o[4 * i + 2] * w0[1] + v.z * w1[1]) * inv[1];
+            o[4 * i + 3] = (o[4 * i + 3] * w0[1] + v.w * w1[1]) * inv[1];
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            if (rr[e] >= static_cast<int>(heads)) continue;
+            __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + rr[e]) * D + c0;
+#pragma unroll
+            for (int j = 0; j < 32; ++j)
+                *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
+        }
+    } else {
+        write_parts();
     }
+}
+
+}  // namespace
+#endif
+
+#define DI_ATTN_WG_PARAMS                                                                                              \
+    const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ kv, const int32_t *__restrict__ key_rows,  \
+        const int32_t *__restrict__ key_counts, const float *__restrict__ sink, __nv_bfloat16 *__restrict__ out,       \
+        float *__restrict__ o_part, float *__restrict__ ml_part, int32_t *__restrict__ status, uint32_t heads,         \
+        uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale
+#define DI_ATTN_WG_ARGS \
+    q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, scale
+
+// Any number of splits (several: fp32 partials merged by di_attn_decode_combine).
+extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1) di_attn_decode_wg(DI_ATTN_WG_PARAMS) {
+#if DI_SM90
+    attn_decode_wg<false>(DI_ATTN_WG_ARGS);
 #else
     __trap();  // sm_90a only; the launcher never picks it elsewhere
+#endif
+}
+
+// Exactly two splits, launched as clusters of two blocks along y; writes out directly.
+extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(DI_ATTN_WG_THREADS, 1)
+    di_attn_decode_wg_c2(DI_ATTN_WG_PARAMS) {
+#if DI_SM90
+    attn_decode_wg<true>(DI_ATTN_WG_ARGS);
+#else
+    __trap();
 #endif
 }

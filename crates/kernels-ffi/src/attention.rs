@@ -32,13 +32,16 @@ pub fn wgmma() -> bool {
     WGMMA.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU; `None` on the CPU or without the
-/// CUDA backend.
-pub fn cuda_kernel(stream: &Stream) -> Option<&'static str> {
+/// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape`; `None` on the CPU or
+/// without the CUDA backend.
+pub fn cuda_kernel(stream: &Stream, shape: DecodeAttnShape) -> Option<&'static str> {
     match stream.device() {
         #[cfg(feature = "cuda")]
-        crate::device::Device::Cuda(_) => Some(crate::cuda::attention::decode_kernel(stream).1),
-        _ => None,
+        crate::device::Device::Cuda(_) => Some(crate::cuda::attention::decode_kernel(stream, decode_splits(shape).0).1),
+        _ => {
+            let _ = shape;
+            None
+        }
     }
 }
 

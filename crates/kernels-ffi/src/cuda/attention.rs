@@ -20,13 +20,15 @@ const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 
 /// math warpgroups, the key rows of two tiles, five mbarriers.
 const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 8192 + 1024 + 2 * 64 * 4 + 5 * 8;
 
-/// The kernel `attention_decode` launches on this GPU: the Hopper warpgroup-MMA kernel on sm_90
-/// (unless switched off by [`crate::attention::set_wgmma`]), the mma.sync kernel elsewhere.
-pub(crate) fn decode_kernel(stream: &Stream) -> (&'static str, &'static str) {
-    if backend(stream).is_sm90() && crate::attention::wgmma() {
-        ("attention_sm90", "di_attn_decode_wg")
-    } else {
-        ("attention", "di_attn_decode")
+/// The kernel `attention_decode` launches on this GPU for `splits` key splits: the Hopper
+/// warpgroup-MMA kernel on sm_90 (unless switched off by [`crate::attention::set_wgmma`]), as
+/// clusters of two blocks that merge in shared memory when there are exactly two splits; the
+/// mma.sync kernel elsewhere.
+pub(crate) fn decode_kernel(stream: &Stream, splits: u32) -> (&'static str, &'static str) {
+    match (backend(stream).is_sm90() && crate::attention::wgmma(), splits) {
+        (true, 2) => ("attention_sm90", "di_attn_decode_wg_c2"),
+        (true, _) => ("attention_sm90", "di_attn_decode_wg"),
+        _ => ("attention", "di_attn_decode"),
     }
 }
 
@@ -45,17 +47,19 @@ pub(crate) fn attention_decode(
 ) -> Result<()> {
     let s = stream.cuda_stream("attention_decode", "q")?;
     let be = backend(stream);
-    let (module, kernel) = decode_kernel(stream);
-    let (threads, smem) = if kernel == "di_attn_decode_wg" { (384, ATTN_WG_SMEM) } else { (256, ATTN_SMEM_BYTES) };
-    let f = be.function_with_smem(module, kernel, smem)?;
     let (splits, per) = decode_splits(shape);
+    let (module, kernel) = decode_kernel(stream, splits);
+    let (threads, smem) = if module == "attention_sm90" { (384, ATTN_WG_SMEM) } else { (256, ATTN_SMEM_BYTES) };
+    // The cluster kernel merges its two splits itself.
+    let merged = kernel == "di_attn_decode_wg_c2";
+    let f = be.function_with_smem(module, kernel, smem)?;
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
     let pool_rows = u32::try_from(kv.len() / d)
         .map_err(|_| crate::FfiError::shape("attention_decode", "kv", "more than 2^32 rows"))?;
     let none: u64 = 0;
     // SAFETY: uninitialised; with several splits every (b, split, h < heads) row of both is
     // written by its block before the combine, later on the stream, reads it.
-    let mut parts = if splits > 1 {
+    let mut parts = if splits > 1 && !merged {
         Some(unsafe { (s.alloc::<f32>(b * splits as usize * h * d)?, s.alloc::<f32>(b * splits as usize * h * 2)?) })
     } else {
         None
