@@ -1,7 +1,8 @@
 // Decode attention on Hopper (sm_90a) with warpgroup MMAs: the same op, arguments and outputs as
 // di_attn_decode (attention.cu, which states the math): per (sequence, split of its keys) one block
-// with all <= 64 heads, so every key row is read from memory once; splits merged by
-// di_attn_decode_combine.
+// with all <= 64 heads, so every key row is read from memory once. Two splits run as a cluster of
+// two blocks that merge through distributed shared memory (di_attn_decode_wg_c2); more write fp32
+// partials that di_attn_decode_combine merges.
 //
 // Block: three warpgroups. Warpgroup 0 gathers: its 128 threads copy the query rows and then each
 // 64-key tile (the rows named by key_rows, 1 KB each) with cp.async into 128-byte-swizzled shared
@@ -14,8 +15,13 @@
 //   O += P V    wgmma m64n256k16 after a second barrier, warpgroup c owning output columns
 //               256c..256c+255 (128 fp32 accumulators a thread), V = the same key tile read
 //               MN-major (the instruction transposes it).
-// The key stage is released when its P V has completed. The probabilities are rounded to bf16 exactly as in di_attn_decode,
-// and the sums add those rounded values.
+// The key stage is released when its P V has completed. The probabilities are rounded to bf16
+// exactly as in di_attn_decode, and the sums add those rounded values. Outputs leave through
+// shared memory as whole 512-byte row pieces (per-thread bf16 pairs straight to global memory
+// wrote 16-byte pieces of 8 rows per warp store and took ~4 us of a 15 us call).
+//
+// Measured on the H200 (benches/results/2026-11-30-attention-wgmma): per 64-key tile the math
+// takes ~2.5 us against ~2.2 us to gather the tile at this block's share of the bandwidth.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -61,8 +67,8 @@ __device__ __forceinline__ void cp_arrive(uint64_t* bar) {
 namespace {
 
 // The whole op for one block; C2: the grid's two splits of a sequence run as a cluster of two
-// blocks, and split 1 hands its partial output to split 0 through distributed shared memory
-// (no fp32 partials in global memory, no combine launch).
+// blocks, each finalising half of the output columns with the other's partial for them received
+// through distributed shared memory (no fp32 partials in global memory, no combine launch).
 template <bool C2>
 __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
                                                const int32_t* __restrict__ key_rows,
@@ -269,46 +275,37 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #pragma unroll
     for (int e = 0; e < 2; ++e) l_tot[e] = lsum[rr[e]] + lsum[HM + rr[e]];
     const uint32_t c0 = cw * 256 + 2 * (lane % 4);
-    const uint32_t mt = threadIdx.x - 128;  // this thread among the 256 math threads
+    const uint32_t wt = threadIdx.x % 128;  // this thread in its warpgroup
 
-    // Without a cluster: the normalised output (one split) or fp32 partials and (m, l) per row.
-    auto write_parts = [&]() {
+    // This warpgroup's 64 rows x 256 columns, scaled per row, to out[b, :, col0..col0 + 256) as
+    // bf16: staged through shared memory (16-byte chunks XOR-swizzled by row: conflict-free both
+    // ways), then whole 512-byte row pieces with 16-byte stores.
+    auto store_out = [&](uint8_t* stage, const float(&f)[2], uint32_t col0) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int h = rr[e];
-            if (h >= static_cast<int>(heads)) continue;
-            const float l = l_tot[e];
-            if (splits == 1) {
-                const float inv = l > 0.f ? 1.f / l : 0.f;
-                __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + h) * D + c0;
+        for (int j = 0; j < 32; ++j)
 #pragma unroll
-                for (int j = 0; j < 32; ++j)
-                    *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
-                        __floats2bfloat162_rn(o[4 * j + 2 * e] * inv, o[4 * j + 2 * e + 1] * inv);
-            } else {
-                float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + c0;
-#pragma unroll
-                for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
-                if (cw == 0 && lane % 4 == 0) {
-                    float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
-                    ml[0] = m_run[e];
-                    ml[1] = l;
-                }
-            }
-        }
+            for (int e = 0; e < 2; ++e)
+                *reinterpret_cast<__nv_bfloat162*>(stage + rr[e] * 512 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) =
+                    __floats2bfloat162_rn(o[4 * j + 2 * e] * f[e], o[4 * j + 2 * e + 1] * f[e]);
+        named_barrier(3 + cw, 128);
+        for (int r = warp; r < HM && r < static_cast<int>(heads); r += 4)
+            *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * heads + r) * D + col0 + lane * 8) =
+                *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r % 8)) * 16));
     };
+
     if constexpr (C2) {
-        // Split 1 writes its unnormalised O (in this thread layout: float4 i of thread mt at
-        // (i * 256 + mt) * 16, conflict-free) into split 0's free key stages and its row max and
-        // sum into split 0's maxima area; split 0 merges and writes the output.
+        // Block r finalises output columns 256r..256r + 255: warpgroup 1 - r of each block sends its
+        // unnormalised O (float4 i of thread wt at (i * 128 + wt) * 16: conflict-free) into the
+        // other block's first key stage and its row max and sum into the other block's maxima
+        // area; warpgroup r merges the two and writes its columns.
         const uint32_t rank = cluster_ctarank();
-        cluster_sync();  // split 0 is done with its key stages and maxima
-        if (rank == 1) {
-            const uint32_t o_remote = mapa_shared(k_a, 0), red_remote = mapa_shared(smem_addr(red), 0);
+        cluster_sync();  // both blocks are done with their key stages and maxima
+        if (cw != static_cast<int>(rank)) {
+            const uint32_t o_remote = mapa_shared(k_a, rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
 #pragma unroll
             for (int i = 0; i < 32; ++i)
-                st_cluster_v4(o_remote + (i * 256 + mt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
-            if (cw == 0 && lane % 4 == 0)
+                st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+            if (lane % 4 == 0)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
@@ -316,36 +313,46 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                 }
         }
         cluster_sync();
-        if (rank == 1) return;
-        float w0[2], w1[2], inv[2];
+        if (cw != static_cast<int>(rank)) return;
+        // out = (o e^(m - M) + v e^(m1 - M)) / (l e^(m - M) + l1 e^(m1 - M)), M = max(m, m1).
+        float w[2], w1[2], f[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
             const float mx = fmaxf(m_run[e], m1);
-            w0[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - mx);
+            w[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - mx);
             w1[e] = m1 == -INFINITY ? 0.f : __expf(m1 - mx);
-            const float den = l_tot[e] * w0[e] + l1 * w1[e];
-            inv[e] = den > 0.f ? 1.f / den : 0.f;
+            const float den = l_tot[e] * w[e] + l1 * w1[e];
+            f[e] = den > 0.f ? 1.f / den : 0.f;
         }
         const float4* other = reinterpret_cast<const float4*>(k_s);
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
-            const float4 v = other[i * 256 + mt];
-            o[4 * i] = (o[4 * i] * w0[0] + v.x * w1[0]) * inv[0];
-            o[4 * i + 1] = (o[4 * i + 1] * w0[0] + v.y * w1[0]) * inv[0];
-            o[4 * i + 2] = (o[4 * i + 2] * w0[1] + v.z * w1[1]) * inv[1];
-            o[4 * i + 3] = (o[4 * i + 3] * w0[1] + v.w * w1[1]) * inv[1];
+            const float4 v = other[i * 128 + wt];
+            o[4 * i] = o[4 * i] * w[0] + v.x * w1[0];
+            o[4 * i + 1] = o[4 * i + 1] * w[0] + v.y * w1[0];
+            o[4 * i + 2] = o[4 * i + 2] * w[1] + v.z * w1[1];
+            o[4 * i + 3] = o[4 * i + 3] * w[1] + v.w * w1[1];
         }
+        store_out(k_s + TILE, f, rank * 256);
+    } else if (splits == 1) {
+        const float f[2] = {l_tot[0] > 0.f ? 1.f / l_tot[0] : 0.f, l_tot[1] > 0.f ? 1.f / l_tot[1] : 0.f};
+        store_out(k_s + cw * HM * 512, f, cw * 256);
+    } else {
+        // fp32 partials and (m, l) per row, merged by di_attn_decode_combine.
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            if (rr[e] >= static_cast<int>(heads)) continue;
-            __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + rr[e]) * D + c0;
+            const int h = rr[e];
+            if (h >= static_cast<int>(heads)) continue;
+            float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + c0;
 #pragma unroll
-            for (int j = 0; j < 32; ++j)
-                *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) = __floats2bfloat162_rn(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
+            for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
+            if (cw == 0 && lane % 4 == 0) {
+                float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
+                ml[0] = m_run[e];
+                ml[1] = l_tot[e];
+            }
         }
-    } else {
-        write_parts();
     }
 }
 
