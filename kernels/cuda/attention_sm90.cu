@@ -7,14 +7,17 @@
 // Block: three warpgroups. Warpgroup 0 gathers: its 128 threads copy the query rows and then each
 // 64-key tile (the rows named by key_rows, 1 KB each) with cp.async into 128-byte-swizzled shared
 // memory (eight 8 KB column chunks of 64 rows x 64 bf16), two stages, signalled through mbarriers
-// (cp.async.mbarrier.arrive). Warpgroups 1 and 2 compute, per tile:
-//   S = Q K^T   wgmma m64n32k16, warpgroup c takes keys 32c..32c+31 over all 512 dims;
-//   softmax     the row maxima meet in shared memory (one barrier of both warpgroups), each
-//               warpgroup writes its probabilities (bf16) into the shared 64 x 64 P tile and keeps
-//               the running sum of its own keys (both use the same running max);
-//   O += P V    wgmma m64n256k16 after a second barrier, warpgroup c owning output columns
-//               256c..256c+255 (128 fp32 accumulators a thread), V = the same key tile read
-//               MN-major (the instruction transposes it).
+// (cp.async.mbarrier.arrive). Warpgroups 1 and 2 take turns (FlashMLA's arrangement): the owner
+// of tile t (warpgroup 1 + t % 2) computes
+//   S = Q K^T   wgmma m64n64k16 over the whole 64-key tile and all 512 dims;
+//   softmax     from the running max and sum the other warpgroup left after tile t - 1, writing
+//               the bf16 probabilities into P[t % 2] and the new max, sum and rescale factor per
+//               row into shared memory (an mbarrier says they are in place);
+// then both run O = alpha O + P V, wgmma m64n256k16, warpgroup c owning output columns
+// 256c..256c+255 (128 fp32 accumulators a thread), V = the same key tile read MN-major (the
+// instruction transposes it). While one warpgroup does its softmax the other's MMAs run.
+// (The first version split every tile's keys between the two warpgroups, n = 32 each, in lock
+// step: S read Q from shared memory twice as often and the tensor cores idled during softmax.)
 // The key stage is released when its P V has completed. The probabilities are rounded to bf16
 // exactly as in di_attn_decode, and the sums add those rounded values. Outputs leave through
 // shared memory as whole 512-byte row pieces (per-thread bf16 pairs straight to global memory
@@ -41,8 +44,8 @@ constexpr int TILE = (D / 64) * CHUNK;  // one 64-row x 512 bf16 tile: 64 KB
 // Dynamic shared memory (ATTN_WG_SMEM in attention.rs): 1024 bytes of alignment slack, Q, the key
 // stages, P, the row maxima and sums of both math warpgroups, the key rows of two tiles, the
 // barriers (full, empty, Q).
-constexpr int SMEM = 1024 + TILE + STAGES * TILE + HM * 128 + 2 * 2 * HM * 4 + 2 * KT * 4 + (2 * STAGES + 1) * 8;
-static_assert(SMEM == 207400, "attention.rs ATTN_WG_SMEM");
+constexpr int SMEM = 1024 + TILE + STAGES * TILE + 2 * HM * 128 + 2 * 3 * HM * 4 + 2 * HM * 4 + 2 * KT * 4 + (3 * STAGES + 1) * 8;
+static_assert(SMEM == 216632, "attention.rs ATTN_WG_SMEM");
 
 // Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
 __device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
@@ -81,12 +84,14 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* q_s = base;
     uint8_t* k_s = base + TILE;
-    uint8_t* p_s = k_s + STAGES * TILE;
-    float* red = reinterpret_cast<float*>(p_s + HM * 128);  // [2][HM] row maxima, then [2][HM] sums
-    int32_t* idx = reinterpret_cast<int32_t*>(red + 4 * HM);  // [2][KT] pool rows of the next tiles
+    uint8_t* p_s = k_s + STAGES * TILE;                        // [2] P tiles, 64 x 64 bf16
+    float* stats = reinterpret_cast<float*>(p_s + 2 * HM * 128);  // [2][m, l, alpha][HM] per tile
+    float* red = stats + 2 * 3 * HM;                              // [2][HM]: the cluster merge's m, l
+    int32_t* idx = reinterpret_cast<int32_t*>(red + 2 * HM);      // [2][KT] pool rows of the next tiles
     uint64_t* full = reinterpret_cast<uint64_t*>(idx + 2 * KT);
     uint64_t* empty = full + STAGES;
-    uint64_t* q_bar = empty + STAGES;
+    uint64_t* pready = empty + STAGES;  // [2]: P and the stats of tile t are in place
+    uint64_t* q_bar = pready + 2;
     const uint32_t b = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
     const uint32_t k_begin = min(count, split * tiles_per_split * KT);
@@ -98,6 +103,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 129);  // every gather thread's cp.async arrival + the key rows
             mbar_init(&empty[s], 8);   // lane 0 of each math warp
+            mbar_init(&pready[s], 128);  // every thread of the tile's owner warpgroup
         }
         mbar_init(q_bar, 128);
         mbar_init_fence();
@@ -152,128 +158,140 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     }
 
     setmaxnreg_inc<232>();
-    const int cw = wg - 1;  // keys 32cw.. of each tile's S; output columns 256cw..
+    const int cw = wg - 1;  // S and softmax of the tiles t with t % 2 == cw; output columns 256cw..
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     // Accumulator layout (wgmma m64nN): rows r0 = 16 warp + lane / 4 and r0 + 8, columns
     // 8 j + 2 (lane % 4) (+1) in registers 4 j (+1) and 4 j + 2 (+1).
     const int r0 = warp * 16 + lane / 4;
     const int rr[2] = {r0, r0 + 8};
-    float m_run[2], l_run[2];
+    // Running max and sum before the first tile: the sink (split 0) as a key of value zero.
+    float m_run[2], l_tot[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
         m_run[e] = with_sink ? sink[rr[e]] : -INFINITY;
-        l_run[e] = with_sink && cw == 0 ? 1.f : 0.f;  // the sink counted once, by warpgroup 0
+        l_tot[e] = with_sink ? 1.f : 0.f;
     }
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     const uint32_t q_a = smem_addr(q_s), k_a = smem_addr(k_s), p_a = smem_addr(p_s);
-    float sc[16];  // S (the first MMA of a tile overwrites it)
+    float sc[32];  // S of an owned tile (the first MMA overwrites it)
 #pragma unroll
-    for (int i = 0; i < 16; ++i) sc[i] = 0.f;
+    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
     mbar_wait(q_bar, 0);
 
-    for (uint32_t it = 0; it < tiles; ++it) {
-        const uint32_t s = it % STAGES;
-        mbar_wait(&full[s], (it / STAGES) & 1);
-        // Which of this thread's 8 key columns are real keys (the rest get probability 0).
-        uint32_t valid = 0;
+    for (uint32_t t = 0; t < tiles; ++t) {
+        const uint32_t s = t % STAGES;
+        float* st = stats + (t % 2) * 3 * HM;  // m, l, alpha of tile t
+        if (t % 2 == static_cast<uint32_t>(cw)) {
+            // S = Q K^T over the whole tile, then the online softmax from the previous tile's
+            // state (the other warpgroup's tile, seen when this one waited for its P).
+            mbar_wait(&full[s], (t / STAGES) & 1);
+            uint32_t valid = 0;  // which of this thread's 16 key columns are real keys
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-                if (idx[s * KT + cw * 32 + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
-        fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
-        wgmma_fence_regs(sc);
-        wgmma_fence();
+                for (int e = 0; e < 2; ++e)
+                    if (idx[s * KT + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
+            fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
+            wgmma_fence_regs(sc);
+            wgmma_fence();
 #pragma unroll
-        for (int kc = 0; kc < D / 16; ++kc) {
-            const uint32_t off = (kc / 4) * CHUNK + (kc % 4) * 32;
-            wgmma_m64n32k16_bf16(sc, wgmma_desc_sw128(q_a + off), wgmma_desc_sw128(k_a + s * TILE + cw * 32 * 128 + off),
-                                 kc > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_regs(sc);
-
-        // Row maxima over both warpgroups' keys.
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool ok = (valid >> (2 * j + (e & 1))) & 1;
-                sc[4 * j + e] = ok ? sc[4 * j + e] * scale : -INFINITY;
-                mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
+            for (int kc = 0; kc < D / 16; ++kc) {
+                const uint32_t off = (kc / 4) * CHUNK + (kc % 4) * 32;
+                wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(q_a + off), wgmma_desc_sw128(k_a + s * TILE + off), kc > 0);
             }
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_regs(sc);
+            if (t > 0) {
+                const float* prev = stats + ((t - 1) % 2) * 3 * HM;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
-            mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-            if (lane % 4 == 0) red[cw * HM + rr[e]] = mx[e];
-        }
-        named_barrier(1, 256);
-        float alpha[2];
+                for (int e = 0; e < 2; ++e) {
+                    m_run[e] = prev[rr[e]];
+                    l_tot[e] = prev[HM + rr[e]];
+                }
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const float m_new = fmaxf(m_run[e], fmaxf(red[rr[e]], red[HM + rr[e]]));
-            // m_new = -inf only while a row has seen no key and no sink (splits > 0, skipped rows).
-            alpha[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - m_new);
-            m_run[e] = m_new;
-        }
-        float sum[2] = {0.f, 0.f};
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+                for (int e = 0; e < 4; ++e) {
+                    const bool ok = (valid >> (2 * j + (e & 1))) & 1;
+                    sc[4 * j + e] = ok ? sc[4 * j + e] * scale : -INFINITY;
+                    mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
+                }
+            float alpha[2], sum[2] = {0.f, 0.f};
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float* v = sc + 4 * j + 2 * e;
-                const float x0 = v[0] == -INFINITY ? 0.f : __expf(v[0] - m_run[e]);
-                const float x1 = v[1] == -INFINITY ? 0.f : __expf(v[1] - m_run[e]);
-                const __nv_bfloat162 pb = __floats2bfloat162_rn(x0, x1);
-                sum[e] += __low2float(pb) + __high2float(pb);  // the sum of exactly what P V multiplies
-                const uint32_t col = cw * 32 + 8 * j + 2 * (lane % 4);
-                *reinterpret_cast<__nv_bfloat162*>(p_s + rr[e] * 128 + (((col / 8) ^ (rr[e] % 8)) * 16) + (col % 8) * 2) = pb;
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+                const float m_new = fmaxf(m_run[e], mx[e]);
+                // m_new = -inf only while a row has seen no key and no sink (splits > 0, skipped rows).
+                alpha[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - m_new);
+                m_run[e] = m_new;
             }
+            uint8_t* pt = p_s + (t % 2) * HM * 128;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
-            sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
-            l_run[e] = l_run[e] * alpha[e] + sum[e];
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float* v = sc + 4 * j + 2 * e;
+                    const float x0 = v[0] == -INFINITY ? 0.f : __expf(v[0] - m_run[e]);
+                    const float x1 = v[1] == -INFINITY ? 0.f : __expf(v[1] - m_run[e]);
+                    const __nv_bfloat162 pb = __floats2bfloat162_rn(x0, x1);
+                    sum[e] += __low2float(pb) + __high2float(pb);  // the sum of exactly what P V multiplies
+                    *reinterpret_cast<__nv_bfloat162*>(pt + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb;
+                }
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
+                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
+                l_tot[e] = l_tot[e] * alpha[e] + sum[e];
+                if (lane % 4 == 0) {
+                    st[rr[e]] = m_run[e];
+                    st[HM + rr[e]] = l_tot[e];
+                    st[2 * HM + rr[e]] = alpha[e];
+                }
+            }
+            fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
+            mbar_arrive(&pready[t % 2]);
         }
+        // O = alpha O + P V on this warpgroup's 256 columns, V = the same key tile read MN-major.
+        mbar_wait(&pready[t % 2], (t / 2) & 1);
+        fence_proxy_async_smem();
+        const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
-            o[4 * j] *= alpha[0];
-            o[4 * j + 1] *= alpha[0];
-            o[4 * j + 2] *= alpha[1];
-            o[4 * j + 3] *= alpha[1];
+            o[4 * j] *= a0;
+            o[4 * j + 1] *= a0;
+            o[4 * j + 2] *= a1;
+            o[4 * j + 3] *= a1;
         }
-        fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
-        named_barrier(1, 256);
         wgmma_fence_regs(o);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)
-            wgmma_m64n256k16_bf16_bmn(o, wgmma_desc_sw128(p_a + ks * 32),
+            wgmma_m64n256k16_bf16_bmn(o, wgmma_desc_sw128(p_a + (t % 2) * HM * 128 + ks * 32),
                                       wgmma_desc_sw128_mn(k_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128, CHUNK), 1);
         wgmma_commit();
-        // Waiting here rather than at the next tile's S: with a group in flight across the loop
-        // edge ptxas serialises every wgmma of the loop (warning C7515).
+        // Waiting here (the other warpgroup keeps the tensor cores busy meanwhile): with a group
+        // in flight across the loop edge ptxas serialises every wgmma of the loop (warning C7515).
         wgmma_wait<0>();
         wgmma_fence_regs(o);
         if (lane == 0) mbar_arrive(&empty[s]);
     }
-
-    // Both warpgroups' sums.
-    float* lsum = red + 2 * HM;
-    if (lane % 4 == 0) {
-        lsum[cw * HM + rr[0]] = l_run[0];
-        lsum[cw * HM + rr[1]] = l_run[1];
-    }
-    named_barrier(1, 256);
-    float l_tot[2];
+    // The state after the last tile (the sink's, without tiles).
+    if (tiles > 0) {
+        const float* last = stats + ((tiles - 1) % 2) * 3 * HM;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) l_tot[e] = lsum[rr[e]] + lsum[HM + rr[e]];
+        for (int e = 0; e < 2; ++e) {
+            m_run[e] = last[rr[e]];
+            l_tot[e] = last[HM + rr[e]];
+        }
+    }
+
     const uint32_t c0 = cw * 256 + 2 * (lane % 4);
     const uint32_t wt = threadIdx.x % 128;  // this thread in its warpgroup
 

@@ -16,9 +16,10 @@ use super::launch::backend;
 const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 * 65 * 4 + 3 * 64 * 4;
 
 /// Dynamic shared memory of di_attn_decode_wg (its static_assert in attention_sm90.cu): 1024 bytes
-/// of alignment slack, Q and two key tiles (64 KB each), P (8 KB), the row maxima and sums of both
-/// math warpgroups, the key rows of two tiles, five mbarriers.
-const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 8192 + 1024 + 2 * 64 * 4 + 5 * 8;
+/// of alignment slack, Q and two key tiles (64 KB each), two P tiles (8 KB each), the max, sum and
+/// rescale factor per row of two tiles, the cluster merge's max and sum per row, the key rows of two
+/// tiles, seven mbarriers.
+const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4 + 7 * 8;
 
 /// The kernel `attention_decode` launches on this GPU for `splits` key splits: the Hopper
 /// warpgroup-MMA kernel on sm_90 (unless switched off by [`crate::attention::set_wgmma`]), as
