@@ -10,7 +10,9 @@
 //! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
 //! launches, median of 20 batches.
 
-use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
+use deepinfer_kernels_ffi::attention::{
+    attention_decode, cuda_kernel, decode_splits, set_dim_split, set_wgmma, DecodeAttnShape,
+};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
 use half::bf16;
 
@@ -33,7 +35,12 @@ fn main() {
     set_wgmma(false);
     let plain = cuda_kernel(&s, probe);
     set_wgmma(true);
-    let kernels: Vec<bool> = if cuda_kernel(&s, probe) == plain { vec![true] } else { vec![true, false] };
+    // (wgmma, dim split): the kernels this GPU runs.
+    let kernels: Vec<(bool, bool)> = if cuda_kernel(&s, probe) == plain {
+        vec![(true, true)]
+    } else {
+        vec![(true, true), (true, false), (false, true)]
+    };
     for (what, keys) in [
         ("CSA (128 window + 512 top-k)", 640u32),
         ("HCA 8k (128 + 64)", 192),
@@ -54,9 +61,15 @@ fn main() {
             (s.upload(&q).unwrap(), s.upload(&rows).unwrap(), s.upload(&counts).unwrap(), s.upload(&sink).unwrap());
         let mut out = s.zeros::<bf16>(q.len()).unwrap();
         let mut st = s.zeros::<i32>(1).unwrap();
-        for &wgmma in &kernels {
+        let mut seen = Vec::new();
+        for &(wgmma, dim_split) in &kernels {
             set_wgmma(wgmma);
+            set_dim_split(dim_split);
             let kernel = cuda_kernel(&s, shape).unwrap();
+            if seen.contains(&kernel) {
+                continue;
+            }
+            seen.push(kernel);
             attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
             // Check sequence 0 against the CPU.
             let one = DecodeAttnShape { batch: 1, ..shape };
@@ -108,6 +121,7 @@ fn main() {
             );
         }
         set_wgmma(true);
+        set_dim_split(true);
         drop(pools);
     }
     // The lightning indexer at decode: 64 sequences, 64 heads x 128, k = 512, over the compressed
@@ -184,11 +198,17 @@ fn main() {
             let sb = s.upload(&rng.vec(heads as usize)).unwrap();
             let mut out = s.zeros::<bf16>(tokens as usize * heads as usize * d).unwrap();
             let mut st = s.zeros::<i32>(1).unwrap();
-            for &wgmma in &kernels {
+            let mut seen = Vec::new();
+            for &(wgmma, dim_split) in &kernels {
                 set_wgmma(wgmma);
+                set_dim_split(dim_split);
                 let kernel =
                     cuda_kernel(&s, DecodeAttnShape { batch: tokens, heads, head_dim: d as u32, max_keys: keys })
                         .unwrap();
+                if seen.contains(&kernel) {
+                    continue;
+                }
+                seen.push(kernel);
                 let mut times = Vec::new();
                 for rep in 0..5 {
                     let a = s.record_event().unwrap();
@@ -211,6 +231,7 @@ fn main() {
                     "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
             }
             set_wgmma(true);
+            set_dim_split(true);
         }
     }
     // The compressors: decode (64 sequences, one token each, every one closing a window) and a

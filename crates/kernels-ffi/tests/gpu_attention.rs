@@ -7,15 +7,19 @@
 //! fp32; the CPU keeps f32 probabilities. Errors of 2^-9 per term average down over many keys; the
 //! output is rounded to bf16 on both sides.
 
-use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
+use deepinfer_kernels_ffi::attention::{
+    attention_decode, cuda_kernel, decode_splits, set_dim_split, set_wgmma, DecodeAttnShape,
+};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
 use deepinfer_kernels_ffi::{Device, Stream};
 use half::bf16;
 
 const TOL: f64 = 1e-2;
 
+#[derive(Clone)]
 struct Case {
     shape: DecodeAttnShape,
+    q_scale: f32,
     q: Vec<bf16>,
     kv: Vec<bf16>,
     rows: Vec<i32>,
@@ -40,6 +44,7 @@ fn case(rng: &mut SplitMix, batch: u32, heads: u32, max_keys: u32, full: bool, q
     let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
     Case {
         shape,
+        q_scale,
         q: b(rng.vec((batch * heads * 512) as usize).into_iter().map(|v| v * q_scale).collect()),
         kv: b(rng.vec(pool * 512)),
         rows: (0..batch * max_keys).map(|_| (rng.next_u64() % pool as u64) as i32).collect(),
@@ -66,6 +71,9 @@ fn gpu_attention_decode_matches_cpu() {
         (2, 64, 1152, true, 16.0),
         (64, 64, 640, true, 8.0),
         (7, 40, 33, false, 1.0),
+        // Two blocks a sequence (the dim-split cluster kernel on sm_90) with fewer heads and
+        // ragged lengths.
+        (50, 40, 300, false, 2.0),
     ];
     // Every kernel this GPU can run: on sm_90 the warpgroup-MMA kernel (the default) and the
     // mma.sync one; elsewhere only the latter.
@@ -73,15 +81,38 @@ fn gpu_attention_decode_matches_cpu() {
     set_wgmma(false);
     let plain = cuda_kernel(&gpu, probe);
     set_wgmma(true);
-    let kernels: Vec<bool> = if cuda_kernel(&gpu, probe) == plain { vec![true] } else { vec![true, false] };
-    for ((batch, heads, max_keys, full, qs), &wgmma) in
-        shapes.into_iter().flat_map(|sh| kernels.iter().map(move |k| (sh, k)))
+    // (wgmma, dim split): the kernels this GPU runs.
+    let kernels: Vec<(bool, bool)> = if cuda_kernel(&gpu, probe) == plain {
+        vec![(true, true)]
+    } else {
+        vec![(true, true), (true, false), (false, true)]
+    };
+    for (batch, heads, max_keys, full, qs) in shapes {
+        let c0 = case(&mut rng, batch, heads, max_keys, full, qs);
+        let mut seen = Vec::new();
+        for &(wgmma, dim_split) in &kernels {
+            set_wgmma(wgmma);
+            set_dim_split(dim_split);
+            let kernel = cuda_kernel(&gpu, c0.shape).unwrap();
+            if seen.contains(&kernel) {
+                continue;
+            }
+            seen.push(kernel);
+            check_decode(&gpu, &cpu, kernel, &c0);
+        }
+    }
+    set_wgmma(true);
+    set_dim_split(true);
+}
+
+/// One decode case on one kernel: parity, two runs bit-identical, an out-of-pool row reported.
+fn check_decode(gpu: &Stream, cpu: &Stream, kernel: &str, c0: &Case) {
+    let mut c = c0.clone();
+    let DecodeAttnShape { batch, heads, max_keys, .. } = c.shape;
+    let qs = c.q_scale;
     {
-        set_wgmma(wgmma);
-        let mut c = case(&mut rng, batch, heads, max_keys, full, qs);
-        let kernel = cuda_kernel(&gpu, c.shape).unwrap();
-        let (want, skipped_cpu) = run(&cpu, &c);
-        let (got, skipped_gpu) = run(&gpu, &c);
+        let (want, skipped_cpu) = run(cpu, &c);
+        let (got, skipped_gpu) = run(gpu, &c);
         assert!(!skipped_cpu && !skipped_gpu);
         assert!(got.iter().all(|v| v.is_finite()), "unwritten or non-finite output");
         let (rel, max) = rel_err(&got, &want);
@@ -90,7 +121,7 @@ fn gpu_attention_decode_matches_cpu() {
             "parity attention_decode {kernel} batch={batch} heads={heads} keys<={max_keys} q_scale={qs} splits={splits}x{per} tiles: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})"
         );
         assert!(rel < TOL, "batch={batch} heads={heads} keys={max_keys}: rel_err {rel:e}");
-        let (again, _) = run(&gpu, &c);
+        let (again, _) = run(gpu, &c);
         assert_eq!(
             again.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -100,14 +131,13 @@ fn gpu_attention_decode_matches_cpu() {
         if max_keys > 1 {
             c.rows[0] = (c.kv.len() / 512) as i32 + 5;
             c.counts[0] = c.counts[0].max(2);
-            let (want, sc) = run(&cpu, &c);
-            let (got, sg) = run(&gpu, &c);
+            let (want, sc) = run(cpu, &c);
+            let (got, sg) = run(gpu, &c);
             assert!(sc && sg, "out-of-pool row not reported (cpu {sc}, gpu {sg})");
             let (rel, _) = rel_err(&got, &want);
             assert!(rel < TOL, "with a skipped row: rel_err {rel:e}");
         }
     }
-    set_wgmma(true);
 }
 
 /// The lightning indexer (scores and top-k) against the CPU: scores within 1e-4 (bf16 products
