@@ -10,9 +10,7 @@
 //! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
 //! launches, median of 20 batches.
 
-use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, set_dim_split, set_wgmma, DecodeAttnShape,
-};
+use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
 use half::bf16;
 
@@ -30,17 +28,12 @@ fn main() {
     let (batch, heads, d) = (64u32, 64u32, 512usize);
     let scale = 1.0 / (d as f32).sqrt();
     let mut results = Vec::new();
-    // Every kernel this GPU runs (on sm_90 the warpgroup-MMA kernel and the mma.sync one).
     let probe = DecodeAttnShape { batch: 1, heads: 64, head_dim: 512, max_keys: 64 };
     set_wgmma(false);
     let plain = cuda_kernel(&s, probe);
     set_wgmma(true);
-    // (wgmma, dim split): the kernels this GPU runs.
-    let kernels: Vec<(bool, bool)> = if cuda_kernel(&s, probe) == plain {
-        vec![(true, true)]
-    } else {
-        vec![(true, true), (true, false), (false, true)]
-    };
+    // Every kernel this GPU runs (on sm_90 the warpgroup-MMA kernel and the mma.sync one).
+    let kernels: Vec<bool> = if cuda_kernel(&s, probe) == plain { vec![true] } else { vec![true, false] };
     for (what, keys) in [
         ("CSA (128 window + 512 top-k)", 640u32),
         ("HCA 8k (128 + 64)", 192),
@@ -62,9 +55,8 @@ fn main() {
         let mut out = s.zeros::<bf16>(q.len()).unwrap();
         let mut st = s.zeros::<i32>(1).unwrap();
         let mut seen = Vec::new();
-        for &(wgmma, dim_split) in &kernels {
+        for &wgmma in &kernels {
             set_wgmma(wgmma);
-            set_dim_split(dim_split);
             let kernel = cuda_kernel(&s, shape).unwrap();
             if seen.contains(&kernel) {
                 continue;
@@ -121,7 +113,6 @@ fn main() {
             );
         }
         set_wgmma(true);
-        set_dim_split(true);
         drop(pools);
     }
     // The lightning indexer at decode: 64 sequences, 64 heads x 128, k = 512, over the compressed
@@ -199,9 +190,8 @@ fn main() {
             let mut out = s.zeros::<bf16>(tokens as usize * heads as usize * d).unwrap();
             let mut st = s.zeros::<i32>(1).unwrap();
             let mut seen = Vec::new();
-            for &(wgmma, dim_split) in &kernels {
+            for &wgmma in &kernels {
                 set_wgmma(wgmma);
-                set_dim_split(dim_split);
                 let kernel =
                     cuda_kernel(&s, DecodeAttnShape { batch: tokens, heads, head_dim: d as u32, max_keys: keys })
                         .unwrap();
@@ -231,7 +221,6 @@ fn main() {
                     "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
             }
             set_wgmma(true);
-            set_dim_split(true);
         }
     }
     // The compressors: decode (64 sequences, one token each, every one closing a window) and a

@@ -32,21 +32,6 @@ pub fn wgmma() -> bool {
     WGMMA.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-static DIM_SPLIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether the Hopper kernel, where two blocks a sequence fill the GPU, splits the head dims over a
-/// cluster of two blocks (the default) or the keys over two independent blocks whose fp32 partials
-/// a second launch merges: a process-wide switch for A/B benchmarks; results agree within the
-/// attention tolerance either way.
-pub fn set_dim_split(on: bool) {
-    DIM_SPLIT.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The switch [`set_dim_split`] sets.
-pub fn dim_split() -> bool {
-    DIM_SPLIT.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape`; `None` on the CPU or
 /// without the CUDA backend.
 pub fn cuda_kernel(stream: &Stream, shape: DecodeAttnShape) -> Option<&'static str> {

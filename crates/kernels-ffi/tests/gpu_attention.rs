@@ -7,9 +7,7 @@
 //! fp32; the CPU keeps f32 probabilities. Errors of 2^-9 per term average down over many keys; the
 //! output is rounded to bf16 on both sides.
 
-use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, set_dim_split, set_wgmma, DecodeAttnShape,
-};
+use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
 use deepinfer_kernels_ffi::{Device, Stream};
 use half::bf16;
@@ -71,8 +69,7 @@ fn gpu_attention_decode_matches_cpu() {
         (2, 64, 1152, true, 16.0),
         (64, 64, 640, true, 8.0),
         (7, 40, 33, false, 1.0),
-        // Two blocks a sequence (the dim-split cluster kernel on sm_90) with fewer heads and
-        // ragged lengths.
+        // Two splits (the cluster kernel on sm_90) with fewer heads and ragged lengths.
         (50, 40, 300, false, 2.0),
     ];
     // Every kernel this GPU can run: on sm_90 the warpgroup-MMA kernel (the default) and the
@@ -81,18 +78,12 @@ fn gpu_attention_decode_matches_cpu() {
     set_wgmma(false);
     let plain = cuda_kernel(&gpu, probe);
     set_wgmma(true);
-    // (wgmma, dim split): the kernels this GPU runs.
-    let kernels: Vec<(bool, bool)> = if cuda_kernel(&gpu, probe) == plain {
-        vec![(true, true)]
-    } else {
-        vec![(true, true), (true, false), (false, true)]
-    };
+    let kernels: Vec<bool> = if cuda_kernel(&gpu, probe) == plain { vec![true] } else { vec![true, false] };
     for (batch, heads, max_keys, full, qs) in shapes {
         let c0 = case(&mut rng, batch, heads, max_keys, full, qs);
         let mut seen = Vec::new();
-        for &(wgmma, dim_split) in &kernels {
+        for &wgmma in &kernels {
             set_wgmma(wgmma);
-            set_dim_split(dim_split);
             let kernel = cuda_kernel(&gpu, c0.shape).unwrap();
             if seen.contains(&kernel) {
                 continue;
@@ -102,7 +93,6 @@ fn gpu_attention_decode_matches_cpu() {
         }
     }
     set_wgmma(true);
-    set_dim_split(true);
 }
 
 /// One decode case on one kernel: parity, two runs bit-identical, an out-of-pool row reported.
@@ -110,33 +100,31 @@ fn check_decode(gpu: &Stream, cpu: &Stream, kernel: &str, c0: &Case) {
     let mut c = c0.clone();
     let DecodeAttnShape { batch, heads, max_keys, .. } = c.shape;
     let qs = c.q_scale;
-    {
-        let (want, skipped_cpu) = run(cpu, &c);
-        let (got, skipped_gpu) = run(gpu, &c);
-        assert!(!skipped_cpu && !skipped_gpu);
-        assert!(got.iter().all(|v| v.is_finite()), "unwritten or non-finite output");
-        let (rel, max) = rel_err(&got, &want);
-        let (splits, per) = decode_splits(c.shape);
-        println!(
-            "parity attention_decode {kernel} batch={batch} heads={heads} keys<={max_keys} q_scale={qs} splits={splits}x{per} tiles: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})"
-        );
-        assert!(rel < TOL, "batch={batch} heads={heads} keys={max_keys}: rel_err {rel:e}");
-        let (again, _) = run(gpu, &c);
-        assert_eq!(
-            again.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "two GPU runs differ"
-        );
-        // A row outside the pool: skipped and reported on both sides, the rest unchanged in meaning.
-        if max_keys > 1 {
-            c.rows[0] = (c.kv.len() / 512) as i32 + 5;
-            c.counts[0] = c.counts[0].max(2);
-            let (want, sc) = run(cpu, &c);
-            let (got, sg) = run(gpu, &c);
-            assert!(sc && sg, "out-of-pool row not reported (cpu {sc}, gpu {sg})");
-            let (rel, _) = rel_err(&got, &want);
-            assert!(rel < TOL, "with a skipped row: rel_err {rel:e}");
-        }
+    let (want, skipped_cpu) = run(cpu, &c);
+    let (got, skipped_gpu) = run(gpu, &c);
+    assert!(!skipped_cpu && !skipped_gpu);
+    assert!(got.iter().all(|v| v.is_finite()), "unwritten or non-finite output");
+    let (rel, max) = rel_err(&got, &want);
+    let (splits, per) = decode_splits(c.shape);
+    println!(
+        "parity attention_decode {kernel} batch={batch} heads={heads} keys<={max_keys} q_scale={qs} splits={splits}x{per} tiles: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})"
+    );
+    assert!(rel < TOL, "batch={batch} heads={heads} keys={max_keys}: rel_err {rel:e}");
+    let (again, _) = run(gpu, &c);
+    assert_eq!(
+        again.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        "two GPU runs differ"
+    );
+    // A row outside the pool: skipped and reported on both sides, the rest unchanged in meaning.
+    if max_keys > 1 {
+        c.rows[0] = (c.kv.len() / 512) as i32 + 5;
+        c.counts[0] = c.counts[0].max(2);
+        let (want, sc) = run(cpu, &c);
+        let (got, sg) = run(gpu, &c);
+        assert!(sc && sg, "out-of-pool row not reported (cpu {sc}, gpu {sg})");
+        let (rel, _) = rel_err(&got, &want);
+        assert!(rel < TOL, "with a skipped row: rel_err {rel:e}");
     }
 }
 

@@ -15,24 +15,19 @@ use super::launch::backend;
 /// one block per SM.
 const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 * 65 * 4 + 3 * 64 * 4;
 
-/// Dynamic shared memory of di_attn_decode_wg (Cfg<false> in attention_sm90.cu): 1024 bytes of
-/// alignment slack, Q and two key tiles (64 KB each), two P tiles (8 KB each), the max, sum and
-/// rescale factor per row of two tiles, the key rows of each stage, eleven mbarriers.
-const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 11 * 8;
-
-/// Dynamic shared memory of di_attn_decode_wg_d2 (Cfg<true>): half-width Q and four half-width key
-/// tiles (32 KB each), two P tiles, two swapped partial S tiles (16 KB each), the per-row state of
-/// two tiles, the key rows of each stage, fifteen mbarriers.
-const ATTN_D2_SMEM: u32 = 1024 + 5 * 32768 + 2 * 8192 + 2 * 16384 + 2 * 3 * 64 * 4 + 4 * 64 * 4 + 15 * 8;
+/// Dynamic shared memory of di_attn_decode_wg (its static_assert in attention_sm90.cu): 1024 bytes
+/// of alignment slack, Q and two key tiles (64 KB each), two P tiles (8 KB each), the max, sum and
+/// rescale factor per row of two tiles, the cluster merge's max and sum per row, the key rows of two
+/// tiles, seven mbarriers.
+const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4 + 7 * 8;
 
 /// The kernel `attention_decode` launches on this GPU for `splits` key splits: the Hopper
-/// warpgroup-MMA kernel on sm_90 (unless switched off by [`crate::attention::set_wgmma`]); where two
-/// blocks a sequence fill the GPU (two splits) its form with the dims split over a cluster of two
-/// blocks, each over all keys (unless switched off by [`crate::attention::set_dim_split`]); the
+/// warpgroup-MMA kernel on sm_90 (unless switched off by [`crate::attention::set_wgmma`]), as
+/// clusters of two blocks that merge in shared memory when there are exactly two splits; the
 /// mma.sync kernel elsewhere.
 pub(crate) fn decode_kernel(stream: &Stream, splits: u32) -> (&'static str, &'static str) {
     match (backend(stream).is_sm90() && crate::attention::wgmma(), splits) {
-        (true, 2) if crate::attention::dim_split() => ("attention_sm90", "di_attn_decode_wg_d2"),
+        (true, 2) => ("attention_sm90", "di_attn_decode_wg_c2"),
         (true, _) => ("attention_sm90", "di_attn_decode_wg"),
         _ => ("attention", "di_attn_decode"),
     }
@@ -55,13 +50,9 @@ pub(crate) fn attention_decode(
     let be = backend(stream);
     let (splits, per) = decode_splits(shape);
     let (module, kernel) = decode_kernel(stream, splits);
-    // The dim-split cluster kernel covers all keys in each block: nothing to merge.
-    let merged = kernel == "di_attn_decode_wg_d2";
-    let (threads, smem) = match (module, merged) {
-        (_, true) => (384, ATTN_D2_SMEM),
-        ("attention_sm90", _) => (384, ATTN_WG_SMEM),
-        _ => (256, ATTN_SMEM_BYTES),
-    };
+    let (threads, smem) = if module == "attention_sm90" { (384, ATTN_WG_SMEM) } else { (256, ATTN_SMEM_BYTES) };
+    // The cluster kernel merges its two splits itself.
+    let merged = kernel == "di_attn_decode_wg_c2";
     let f = be.function_with_smem(module, kernel, smem)?;
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
     let pool_rows = u32::try_from(kv.len() / d)
