@@ -33,10 +33,11 @@ struct Smem {
     __nv_bfloat16 p[HM * PLD];
     float s[HM * SLD];
     float m[HM], l[HM], alpha[HM];
+    int32_t rows[2][KT];  // pool rows of the keys of the tiles in the two stages (-1: no key)
 };
 // Must equal ATTN_SMEM_BYTES in crates/kernels-ffi/src/cuda/attention.rs (the launcher's dynamic
 // shared memory).
-static_assert(sizeof(Smem) == 226304, "attention.rs ATTN_SMEM_BYTES");
+static_assert(sizeof(Smem) == 226816, "attention.rs ATTN_SMEM_BYTES");
 
 // 16 bytes global -> shared, zero-filled when !valid (cp.async with a source size of 0).
 __device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
@@ -69,11 +70,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t k_begin = min(count, split * tiles_per_split * KT);
     const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
     const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
-    // Whether key `key` of this split is used: in range and naming a pool row.
-    auto key_ok = [&](uint32_t key) {
-        if (key >= k_end) return false;
+    // The pool row of key `key` of this split, -1 when out of range or naming no pool row (then
+    // reported). Loaded a tile ahead into sm.rows by threads 0..KT-1, so no copy waits on its own
+    // index load (benches/results/2026-11-30-attention-wgmma).
+    auto row_of = [&](uint32_t key) -> int32_t {
+        if (key >= k_end) return -1;
         const int32_t r = rows[key];
-        return r >= 0 && static_cast<uint32_t>(r) < pool_rows;
+        if (r >= 0 && static_cast<uint32_t>(r) < pool_rows) return r;
+        atomicExch(status, 1);
+        return -1;
     };
 
     // Q (rows >= heads zero), running stats.
@@ -87,18 +92,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         sm.m[tid] = with_sink ? sink[tid] : -INFINITY;
         sm.l[tid] = with_sink ? 1.f : 0.f;
     }
-    auto load_tile = [&](int stage, uint32_t k0) {
+    // Copies of the tile whose key rows are in sm.rows[stage].
+    auto load_tile = [&](int stage) {
         for (int c = tid; c < KT * (D / 8); c += THREADS) {
             const int j = c / (D / 8), v = c % (D / 8);
-            const uint32_t key = k0 + j;
-            const bool ok = key_ok(key);
-            if (v == 0 && key < k_end && !ok) atomicExch(status, 1);
-            const int32_t r = ok ? rows[key] : 0;
-            cp16(sm.k[stage] + j * LD + v * 8, kv + static_cast<size_t>(r) * D + v * 8, ok);
+            const int32_t r = sm.rows[stage][j];
+            cp16(sm.k[stage] + j * LD + v * 8, kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
         }
         cp_commit();
     };
-    if (k_begin < k_end) load_tile(0, k_begin);
+    int32_t next_row = -1;  // threads < KT: the row of their key in the tile after the next
+    if (tid < KT) {
+        sm.rows[0][tid] = row_of(k_begin + tid);
+        sm.rows[1][tid] = row_of(k_begin + KT + tid);
+    }
+    __syncthreads();
+    if (k_begin < k_end) load_tile(0);
 
     // O accumulators: warp w owns columns [w * 64, w * 64 + 64) of every head: 4 head tiles x 8 column tiles.
     float o[4][8][4];
@@ -112,7 +121,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (uint32_t k0 = k_begin; k0 < k_end; k0 += KT, stage ^= 1) {
         cp_wait_all();
         __syncthreads();  // tile `stage` (and Q) landed; the previous tile's P and stats are consumed
-        if (k0 + KT < k_end) load_tile(stage ^ 1, k0 + KT);
+        if (k0 + KT < k_end) load_tile(stage ^ 1);
+        if (tid < KT) next_row = row_of(k0 + 2 * KT + tid);  // lands while this tile computes
         const __nv_bfloat16* kt = sm.k[stage];
         // S = scale * Q K^T: warp (wm, wn) computes heads 16 wm.. x keys 32 wn.. over all of D.
         {
@@ -148,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             float v[KT / 4], mx = -INFINITY;
             #pragma unroll
             for (int j = 0; j < KT / 4; ++j) {
-                v[j] = key_ok(k0 + j0 + j) ? sm.s[h * SLD + j0 + j] : -INFINITY;
+                v[j] = sm.rows[stage][j0 + j] >= 0 ? sm.s[h * SLD + j0 + j] : -INFINITY;
                 mx = fmaxf(mx, v[j]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -205,10 +215,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
             }
         }
+        // The rows of the tile after the next go where this tile's were (read by the next
+        // iteration's copies after its barrier; this tile's softmax is done with them).
+        if (tid < KT) sm.rows[stage][tid] = next_row;
     }
     cp_wait_all();  // Q's copies, when this split had no keys
     __syncthreads();
-    // Rows h = mi*16 + g (+8), columns warp*64 + ni*8 + 2qd (+1).
+    // Rows h = mi*16 + g (+8), columns warp*64 + ni*8 + 2qd (+1). One split: the normalised rows
+    // staged in the free key tiles (row stride LD: conflict-free), then whole rows out with
+    // 16-byte stores (the pairs straight to global memory were 16-byte pieces of 8 rows a store).
+    __nv_bfloat16* staged = sm.k[0];
     #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
         #pragma unroll
@@ -217,10 +233,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             if (h >= static_cast<int>(heads)) continue;
             if (splits == 1) {
                 const float inv = sm.l[h] > 0.f ? 1.f / sm.l[h] : 0.f;
-                __nv_bfloat16* dst = out + (static_cast<size_t>(b) * heads + h) * D + warp * 64 + 2 * qd;
                 #pragma unroll
                 for (int ni = 0; ni < 8; ++ni)
-                    *reinterpret_cast<__nv_bfloat162*>(dst + ni * 8) =
+                    *reinterpret_cast<__nv_bfloat162*>(staged + h * LD + warp * 64 + ni * 8 + 2 * qd) =
                         __floats2bfloat162_rn(o[mi][ni][2 * hh] * inv, o[mi][ni][2 * hh + 1] * inv);
             } else {
                 float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + warp * 64 + 2 * qd;
@@ -229,6 +244,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     *reinterpret_cast<float2*>(dst + ni * 8) = make_float2(o[mi][ni][2 * hh], o[mi][ni][2 * hh + 1]);
             }
         }
+    }
+    if (splits == 1) {
+        __syncthreads();
+        for (int h = warp; h < static_cast<int>(heads); h += THREADS / 32)
+            for (int c = lane; c < D / 8; c += 32)
+                *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * heads + h) * D + c * 8) =
+                    *reinterpret_cast<const uint4*>(staged + h * LD + c * 8);
     }
     if (splits > 1 && tid < static_cast<int>(heads)) {
         float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + tid) * 2;

@@ -11,9 +11,9 @@ use crate::Result;
 use super::launch::backend;
 
 /// Dynamic shared memory of di_attn_decode (sizeof(Smem) in attention.cu): Q (64 x 520 bf16), two
-/// key tiles (64 x 520 bf16), P (64 x 72 bf16), S (64 x 65 f32), and three f32 per head: 221 KiB,
-/// one block per SM.
-const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 * 65 * 4 + 3 * 64 * 4;
+/// key tiles (64 x 520 bf16), P (64 x 72 bf16), S (64 x 65 f32), three f32 per head and the key
+/// rows of two tiles: 221.5 KiB, one block per SM.
+const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 * 65 * 4 + 3 * 64 * 4 + 2 * 64 * 4;
 
 /// Dynamic shared memory of di_attn_decode_wg (its static_assert in attention_sm90.cu): 1024 bytes
 /// of alignment slack, Q and two key tiles (64 KB each), two P tiles (8 KB each), the max, sum and

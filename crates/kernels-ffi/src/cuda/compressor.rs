@@ -42,15 +42,24 @@ pub(crate) fn compress(
     let s = stream.cuda_stream(OP, "kv")?;
     let be = backend(stream);
     if max_windows > 0 {
-        let f = be.function_with_smem("compressor", "di_compress_pool", width * 4)?;
-        let cfg =
-            LaunchConfig { grid_dim: (batch, max_windows, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: width * 4 };
+        // Slot groups per block: four for long windows (HCA's 128 slots), one otherwise; dynamic
+        // shared memory: the row plus each group's maxima, sums and weighted sums (width floats each).
+        let slots_per_window = if overlap != 0 { 2 * ratio } else { ratio };
+        let groups: u32 = if slots_per_window >= 64 { 4 } else { 1 };
+        let smem = width * 4 * (1 + 3 * groups);
+        let f = be.function_with_smem("compressor", "di_compress_pool", smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (batch, max_windows, 1),
+            block_dim: (THREADS * groups, 1, 1),
+            shared_mem_bytes: smem,
+        };
         // SAFETY: matches di_compress_pool (kv, gate, ape, norm, inv_freq, seqs, out_rows, open_kv,
         // open_gate, prev_kv, prev_gate, pool, status, tokens, slots, pool_rows, ratio, width, overlap,
         // rope_dim, max_windows, qat, eps); the op checked kv and gate [tokens, cw], ape [ratio, cw],
         // norm [width], inv_freq [rope_dim / 2], seqs [batch, 4], out_rows [batch, max_windows], the
         // state's buffers for `slots` slots of this shape, pool whole rows of width <= 1024; the
-        // kernel checks each descriptor and pool row before use. Dynamic shared memory: width floats.
+        // kernel checks each descriptor and pool row before use. Dynamic shared memory: (1 + 3 x
+        // groups) x width floats for blockDim.x / 256 = groups slot groups.
         unsafe {
             s.launch_builder(&f)
                 .arg(kv.cuda())
