@@ -1,5 +1,6 @@
-// The lightning indexer's decode step (MODEL_V4.md §6.3): per sequence, the scores of its query
-// (64 index heads of 128) against the compressed indexer keys it may see, and the top-k rows.
+// The lightning indexer (MODEL_V4.md §6.3): per query (a sequence's decode token, or a token of a
+// prefill chunk), the scores of its 64 index heads of 128 against the compressed indexer keys it may
+// see, and the top-k rows.
 //
 //   score_j = scale * sum_h w_h * ReLU(q_h . K_j)          (scale: 64^-1/2 * 128^-1/2 in V4)
 //
@@ -30,13 +31,14 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 }  // namespace
 
-// q [B, 64, 128] bf16; w [B, 64] f32 (head weights); keys [pool_rows, 128] bf16; key_rows
-// [B, max_rows]: pool rows of the sequence's candidate keys, the first counts[b] used; scores
-// [B, max_rows] f32 (-inf past counts[b] or for rows outside the pool, which set *status to 1).
+// q [B, 64, 128] bf16; w [B, 64] f32 (head weights); keys [pool_rows, 128] bf16; key_rows: query
+// b's candidate pool rows at key_rows + b * rows_stride (decode: max_rows, a list per sequence;
+// prefill: 0, the chunk's tokens share one list), the first counts[b] used; scores [B, max_rows] f32
+// (-inf past counts[b] or for rows outside the pool, which set *status to 1).
 extern "C" __global__ void __launch_bounds__(256) di_indexer_scores(
     const __nv_bfloat16* __restrict__ q, const float* __restrict__ w, const __nv_bfloat16* __restrict__ keys,
-    const int32_t* __restrict__ key_rows, const int32_t* __restrict__ counts, float* __restrict__ scores,
-    int32_t* __restrict__ status, uint32_t max_rows, uint32_t pool_rows, float scale) {
+    const int32_t* __restrict__ key_rows, uint32_t rows_stride, const int32_t* __restrict__ counts,
+    float* __restrict__ scores, int32_t* __restrict__ status, uint32_t max_rows, uint32_t pool_rows, float scale) {
     __shared__ __align__(16) __nv_bfloat16 qs[IH * ILD];
     __shared__ __align__(16) __nv_bfloat16 ks[RT * ILD];
     __shared__ float ws[IH];
@@ -44,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) di_indexer_scores(
     const uint32_t b = blockIdx.x, j0 = blockIdx.y * RT;
     const uint32_t count = min(static_cast<uint32_t>(max(counts[b], 0)), max_rows);
     if (j0 >= max_rows) return;
-    const int32_t* rows = key_rows + static_cast<size_t>(b) * max_rows;
+    const int32_t* rows = key_rows + static_cast<size_t>(b) * rows_stride;
     if (j0 >= count) {  // nothing to score in this block (uniform)
         for (uint32_t pos = j0 + tid; pos < min(max_rows, j0 + RT); pos += 256) scores[static_cast<size_t>(b) * max_rows + pos] = -INFINITY;
         return;

@@ -197,7 +197,6 @@ fn gpu_attention_prefill_matches_cpu() {
 
 #[test]
 fn gpu_indexer_decode_matches_cpu() {
-    use deepinfer_kernels_ffi::cpu::indexer::indexer_topk;
     use deepinfer_kernels_ffi::indexer::{indexer_decode, IndexerShape};
     let Some(dev) = cuda_device_or_skip("gpu_indexer_decode_matches_cpu") else { return };
     let gpu = dev.default_stream();
@@ -237,39 +236,105 @@ fn gpu_indexer_decode_matches_cpu() {
         let (sc_c, tk_c, st_c) = run(&cpu);
         let (sc_g, tk_g, st_g) = run(&gpu);
         assert_eq!((st_c, st_g), (0, 0));
-        let fin = |v: &[f32]| v.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>();
-        assert_eq!(
-            sc_c.iter().map(|x| x.is_finite()).collect::<Vec<_>>(),
-            sc_g.iter().map(|x| x.is_finite()).collect::<Vec<_>>(),
-            "-inf positions differ"
+        check_indexer(
+            &format!("indexer batch={batch} rows<={max_rows} k={k} ties={ties}"),
+            shape,
+            (&sc_c, &tk_c),
+            (&sc_g, &tk_g),
         );
-        let (rel, max) = rel_err(&fin(&sc_g), &fin(&sc_c));
-        let mut rule = vec![0i32; tk_g.len()];
-        indexer_topk(&sc_g, &mut rule, shape);
-        assert_eq!(tk_g, rule, "GPU top-k differs from the selection rule on its own scores");
-        let mut close = 0;
-        for bi in 0..batch as usize {
-            let mut s: Vec<f32> = sc_c[bi * max_rows as usize..(bi + 1) * max_rows as usize]
-                .iter()
-                .copied()
-                .filter(|x| x.is_finite())
-                .collect();
-            s.sort_by(|a, b| b.total_cmp(a));
-            let tight = s.len() > k as usize
-                && (s[k as usize - 1] - s[k as usize]).abs() <= 1e-3 * s[k as usize - 1].abs().max(1e-6);
-            if tight {
-                close += 1;
-                continue;
-            }
-            assert_eq!(
-                tk_g[bi * k as usize..(bi + 1) * k as usize],
-                tk_c[bi * k as usize..(bi + 1) * k as usize],
-                "sequence {bi}: top-k differs"
-            );
+    }
+}
+
+/// Indexer parity of one call: the -inf positions equal, scores within 1e-4 relative, the GPU top-k
+/// equal to the selection rule applied to the GPU scores, and equal to the CPU's top-k for every
+/// query whose k-th and (k+1)-th CPU scores are not within 1e-3.
+fn check_indexer(
+    label: &str,
+    shape: deepinfer_kernels_ffi::indexer::IndexerShape,
+    cpu: (&[f32], &[i32]),
+    gpu: (&[f32], &[i32]),
+) {
+    use deepinfer_kernels_ffi::cpu::indexer::indexer_topk;
+    let ((sc_c, tk_c), (sc_g, tk_g)) = (cpu, gpu);
+    let (max_rows, k) = (shape.max_rows as usize, shape.k as usize);
+    let fin = |v: &[f32]| v.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>();
+    assert_eq!(
+        sc_c.iter().map(|x| x.is_finite()).collect::<Vec<_>>(),
+        sc_g.iter().map(|x| x.is_finite()).collect::<Vec<_>>(),
+        "{label}: -inf positions differ"
+    );
+    let (rel, max) = rel_err(&fin(sc_g), &fin(sc_c));
+    let mut rule = vec![0i32; tk_g.len()];
+    indexer_topk(sc_g, &mut rule, shape);
+    assert_eq!(tk_g, &rule[..], "{label}: GPU top-k differs from the selection rule on its own scores");
+    let mut close = 0;
+    for bi in 0..shape.batch as usize {
+        let mut s: Vec<f32> =
+            sc_c[bi * max_rows..(bi + 1) * max_rows].iter().copied().filter(|x| x.is_finite()).collect();
+        s.sort_by(|a, b| b.total_cmp(a));
+        let tight = s.len() > k && (s[k - 1] - s[k]).abs() <= 1e-3 * s[k - 1].abs().max(1e-6);
+        if tight {
+            close += 1;
+            continue;
         }
-        println!(
-            "parity indexer batch={batch} rows<={max_rows} k={k} ties={ties}: scores rel_err={rel:.3e} max_abs={max:.3e} (tol 1e-4); top-k equal ({close} sequences with a near-tie at the k-th score compared by rule only)"
+        assert_eq!(tk_g[bi * k..(bi + 1) * k], tk_c[bi * k..(bi + 1) * k], "{label}: query {bi}: top-k differs");
+    }
+    println!(
+        "parity {label}: scores rel_err={rel:.3e} max_abs={max:.3e} (tol 1e-4); top-k equal ({close} queries with a near-tie at the k-th score compared by rule only)"
+    );
+    assert!(rel < 1e-4, "{label}: scores rel_err {rel:e}");
+}
+
+/// The indexer for prefill chunks: the chunk's tokens share their sequence's list of compressed
+/// indexer rows (ratio 4, shuffled in the pool) and token t at position p sees the (p + 1) / 4
+/// windows closed by then. A chunk deep into a sequence (1000+ rows, k = 512), the first tokens of a
+/// sequence (fewer rows than k: -1 padding) and a list naming a row outside the pool (reported on
+/// both sides).
+#[test]
+fn gpu_indexer_prefill_matches_cpu() {
+    use deepinfer_kernels_ffi::indexer::{indexer_prefill, IndexerShape};
+    let Some(dev) = cuda_device_or_skip("gpu_indexer_prefill_matches_cpu") else { return };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    // (position of the chunk's first token, tokens, k, a bad row in the list)
+    for (pos0, tokens, k, bad) in [(4000usize, 70usize, 512u32, false), (3, 9, 512, false), (700, 33, 64, true)] {
+        let max_rows = (pos0 + tokens) / 4;
+        let shape = IndexerShape { batch: tokens as u32, heads: 64, dim: 128, max_rows: max_rows as u32, k };
+        let pool = max_rows + 11;
+        let mut perm: Vec<i32> = (0..pool as i32).collect();
+        for i in (1..pool).rev() {
+            perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let mut list: Vec<i32> = perm[..max_rows].to_vec();
+        if bad {
+            list[0] = pool as i32 + 4;
+        }
+        let counts: Vec<i32> = (0..tokens).map(|t| ((pos0 + t + 1) / 4) as i32).collect();
+        let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let q = b(rng.vec(tokens * 64 * 128));
+        let w = rng.vec(tokens * 64);
+        let keys = b(rng.vec(pool * 128));
+        let run = |s: &Stream| {
+            let mut sc = s.zeros::<f32>(tokens * max_rows).unwrap();
+            let mut tk = s.zeros::<i32>(tokens * k as usize).unwrap();
+            let mut st = s.zeros::<i32>(1).unwrap();
+            let (qb, wb, kb) = (s.upload(&q).unwrap(), s.upload(&w).unwrap(), s.upload(&keys).unwrap());
+            let (rb, cb) = (s.upload(&list).unwrap(), s.upload(&counts).unwrap());
+            indexer_prefill(s, &qb, &wb, &kb, &rb, &cb, &mut sc, &mut tk, &mut st, shape, 1.0 / (64f32 * 128.0).sqrt())
+                .unwrap();
+            (s.download(&sc).unwrap(), s.download(&tk).unwrap(), s.download(&st).unwrap()[0])
+        };
+        let (sc_c, tk_c, st_c) = run(&cpu);
+        let (sc_g, tk_g, st_g) = run(&gpu);
+        assert_eq!((st_c, st_g), (bad as i32, bad as i32), "out-of-pool row reported");
+        check_indexer(
+            &format!("indexer prefill pos0={pos0} tokens={tokens} rows<={max_rows} k={k} bad_row={bad}"),
+            shape,
+            (&sc_c, &tk_c),
+            (&sc_g, &tk_g),
         );
-        assert!(rel < 1e-4, "scores rel_err {rel:e}");
     }
 }

@@ -1,6 +1,7 @@
-//! The lightning indexer's decode step on the host (MODEL_V4.md §6.3), the specification of
-//! `kernels/cuda/indexer.cu`: scores of each sequence's query against its candidate compressed keys,
-//! then the positions of the k highest.
+//! The lightning indexer on the host (MODEL_V4.md §6.3), the specification of
+//! `kernels/cuda/indexer.cu`: scores of each query against its candidate compressed keys (decode: a
+//! list per sequence; prefill: the chunk's tokens sharing one list, each seeing a prefix of it), then
+//! the positions of the k highest.
 
 use half::bf16;
 
@@ -31,6 +32,24 @@ pub fn indexer_scores(
     shape: IndexerShape,
     scale: f32,
 ) -> bool {
+    indexer_scores_strided(q, w, keys, key_rows, shape.max_rows as usize, counts, scores, shape, scale)
+}
+
+/// [`indexer_scores`] with query b's candidate list at `key_rows[b·rows_stride..]`: `max_rows` for
+/// decode (a list per sequence), 0 for prefill (the tokens of a chunk share their sequence's list and
+/// differ in how many of its rows they see).
+#[allow(clippy::too_many_arguments)]
+pub fn indexer_scores_strided(
+    q: &[bf16],
+    w: &[f32],
+    keys: &[bf16],
+    key_rows: &[i32],
+    rows_stride: usize,
+    counts: &[i32],
+    scores: &mut [f32],
+    shape: IndexerShape,
+    scale: f32,
+) -> bool {
     let (h_n, d, mr) = (shape.heads as usize, shape.dim as usize, shape.max_rows as usize);
     let pool = keys.len() / d.max(1);
     let mut skipped = false;
@@ -38,7 +57,7 @@ pub fn indexer_scores(
         let count = (counts[b].max(0) as usize).min(mr);
         let qs: Vec<f32> = q[b * h_n * d..(b + 1) * h_n * d].iter().map(|v| v.to_f32()).collect();
         for j in 0..mr {
-            let r = key_rows[b * mr + j];
+            let r = key_rows[b * rows_stride + j];
             let ok = j < count && r >= 0 && (r as usize) < pool;
             skipped |= j < count && !ok;
             scores[b * mr + j] = if ok {

@@ -11,12 +11,13 @@ use crate::Result;
 use super::launch::backend;
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn indexer_decode(
+pub(crate) fn indexer(
     stream: &Stream,
     q: &DeviceBuffer<bf16>,
     w: &DeviceBuffer<f32>,
     keys: &DeviceBuffer<bf16>,
     key_rows: &DeviceBuffer<i32>,
+    rows_stride: u32,
     counts: &DeviceBuffer<i32>,
     scores: &mut DeviceBuffer<f32>,
     topk: &mut DeviceBuffer<i32>,
@@ -24,10 +25,10 @@ pub(crate) fn indexer_decode(
     shape: IndexerShape,
     scale: f32,
 ) -> Result<()> {
-    let s = stream.cuda_stream("indexer_decode", "q")?;
+    let s = stream.cuda_stream("indexer", "q")?;
     let be = backend(stream);
     let pool_rows = u32::try_from(keys.len() / shape.dim as usize)
-        .map_err(|_| crate::FfiError::shape("indexer_decode", "keys", "more than 2^32 rows"))?;
+        .map_err(|_| crate::FfiError::shape("indexer", "keys", "more than 2^32 rows"))?;
     if shape.max_rows > 0 {
         let f = be.function("indexer", "di_indexer_scores")?;
         // 64 keys (RT in indexer.cu) a block.
@@ -36,8 +37,9 @@ pub(crate) fn indexer_decode(
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches di_indexer_scores (q, w, keys, key_rows, counts, scores, status, max_rows,
-        // pool_rows, scale); the op checked q [batch, 64, 128], w [batch, 64], key_rows and scores
+        // SAFETY: matches di_indexer_scores (q, w, keys, key_rows, rows_stride, counts, scores,
+        // status, max_rows, pool_rows, scale); the op checked q [batch, 64, 128], w [batch, 64],
+        // key_rows [batch, max_rows] (rows_stride = max_rows) or [max_rows] (rows_stride = 0), scores
         // [batch, max_rows], counts [batch]; the kernel clamps counts and skips rows outside the pool.
         unsafe {
             s.launch_builder(&f)
@@ -45,6 +47,7 @@ pub(crate) fn indexer_decode(
                 .arg(w.cuda())
                 .arg(keys.cuda())
                 .arg(key_rows.cuda())
+                .arg(&rows_stride)
                 .arg(counts.cuda())
                 .arg(scores.cuda_mut())
                 .arg(status.cuda_mut())
