@@ -17,6 +17,30 @@ pub const CUDA_DIM: u32 = 128;
 /// The most rows the CUDA top-k selects per sequence.
 pub const CUDA_MAX_K: u32 = 2048;
 
+static WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether [`indexer_prefill`]'s scores use the Hopper wgmma kernel on an sm_90 GPU (the default) or
+/// the decode kernel with a shared list: a process-wide switch for A/B benchmarks and for testing
+/// both; results agree within the indexer tolerance either way.
+pub fn set_wgmma(on: bool) {
+    WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_wgmma`] sets.
+pub fn wgmma() -> bool {
+    WGMMA.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The CUDA scores kernel [`indexer_prefill`] launches on `stream`'s GPU; `None` on the CPU or
+/// without the CUDA backend.
+pub fn prefill_cuda_kernel(stream: &Stream) -> Option<&'static str> {
+    match stream.device() {
+        #[cfg(feature = "cuda")]
+        crate::device::Device::Cuda(_) => Some(crate::cuda::indexer::scores_kernel(stream, 0)),
+        _ => None,
+    }
+}
+
 /// `scores[b, j] = scale·Σ_h w[b, h]·ReLU(q[b, h]·keys[key_rows[b, j]])` for the first counts[b]
 /// candidates (-inf past them), then `topk[b]` = the positions of the k highest scores in ascending
 /// order, ties to the lower position, -1 where a sequence has fewer usable rows. q is [batch, heads,

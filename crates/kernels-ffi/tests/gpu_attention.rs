@@ -292,7 +292,7 @@ fn check_indexer(
 /// both sides).
 #[test]
 fn gpu_indexer_prefill_matches_cpu() {
-    use deepinfer_kernels_ffi::indexer::{indexer_prefill, IndexerShape};
+    use deepinfer_kernels_ffi::indexer::{indexer_prefill, prefill_cuda_kernel, set_wgmma, IndexerShape};
     let Some(dev) = cuda_device_or_skip("gpu_indexer_prefill_matches_cpu") else { return };
     let gpu = dev.default_stream();
     let cpu = Device::cpu().default_stream();
@@ -300,7 +300,9 @@ fn gpu_indexer_prefill_matches_cpu() {
     println!("seed {seed}");
     let mut rng = SplitMix(seed);
     // (position of the chunk's first token, tokens, k, a bad row in the list)
-    for (pos0, tokens, k, bad) in [(4000usize, 70usize, 512u32, false), (3, 9, 512, false), (700, 33, 64, true)] {
+    for (pos0, tokens, k, bad) in
+        [(4000usize, 70usize, 512u32, false), (3, 9, 512, false), (700, 33, 64, true), (2047, 129, 256, false)]
+    {
         let max_rows = (pos0 + tokens) / 4;
         let shape = IndexerShape { batch: tokens as u32, heads: 64, dim: 128, max_rows: max_rows as u32, k };
         let pool = max_rows + 11;
@@ -328,13 +330,24 @@ fn gpu_indexer_prefill_matches_cpu() {
             (s.download(&sc).unwrap(), s.download(&tk).unwrap(), s.download(&st).unwrap()[0])
         };
         let (sc_c, tk_c, st_c) = run(&cpu);
-        let (sc_g, tk_g, st_g) = run(&gpu);
-        assert_eq!((st_c, st_g), (bad as i32, bad as i32), "out-of-pool row reported");
-        check_indexer(
-            &format!("indexer prefill pos0={pos0} tokens={tokens} rows<={max_rows} k={k} bad_row={bad}"),
-            shape,
-            (&sc_c, &tk_c),
-            (&sc_g, &tk_g),
-        );
+        // Every scores kernel this GPU runs (on sm_90 the wgmma one and the decode one).
+        let mut seen = Vec::new();
+        for wgmma in [true, false] {
+            set_wgmma(wgmma);
+            let kernel = prefill_cuda_kernel(&gpu).unwrap();
+            if seen.contains(&kernel) {
+                continue;
+            }
+            seen.push(kernel);
+            let (sc_g, tk_g, st_g) = run(&gpu);
+            assert_eq!((st_c, st_g), (bad as i32, bad as i32), "{kernel}: out-of-pool row reported");
+            check_indexer(
+                &format!("indexer prefill {kernel} pos0={pos0} tokens={tokens} rows<={max_rows} k={k} bad_row={bad}"),
+                shape,
+                (&sc_c, &tk_c),
+                (&sc_g, &tk_g),
+            );
+        }
+        set_wgmma(true);
     }
 }

@@ -10,6 +10,21 @@ use crate::Result;
 
 use super::launch::backend;
 
+/// Dynamic shared memory of di_indexer_scores_prefill_wg (its static_assert in indexer_sm90.cu):
+/// alignment slack, the 256-row key tile (64 KB), four 16 KB query tiles, the weights of 64 tokens x
+/// 64 heads, the block's 256 list entries, nine mbarriers.
+const IDX_WG_SMEM: u32 = 1024 + 65536 + 4 * 16384 + 64 * 64 * 4 + 256 * 4 + 9 * 8;
+
+/// The scores kernel for a call: for a prefill chunk (one shared list) on sm_90 the wgmma kernel
+/// (unless switched off by [`crate::indexer::set_wgmma`]), else the mma.sync kernel.
+pub(crate) fn scores_kernel(stream: &Stream, rows_stride: u32) -> &'static str {
+    if rows_stride == 0 && backend(stream).is_sm90() && crate::indexer::wgmma() {
+        "di_indexer_scores_prefill_wg"
+    } else {
+        "di_indexer_scores"
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn indexer(
     stream: &Stream,
@@ -29,7 +44,33 @@ pub(crate) fn indexer(
     let be = backend(stream);
     let pool_rows = u32::try_from(keys.len() / shape.dim as usize)
         .map_err(|_| crate::FfiError::shape("indexer", "keys", "more than 2^32 rows"))?;
-    if shape.max_rows > 0 {
+    if shape.max_rows > 0 && scores_kernel(stream, rows_stride) == "di_indexer_scores_prefill_wg" {
+        let f = be.function_with_smem("indexer_sm90", "di_indexer_scores_prefill_wg", IDX_WG_SMEM)?;
+        let cfg = LaunchConfig {
+            grid_dim: (shape.batch.div_ceil(64), shape.max_rows.div_ceil(256), 1),
+            block_dim: (384, 1, 1),
+            shared_mem_bytes: IDX_WG_SMEM,
+        };
+        // SAFETY: matches di_indexer_scores_prefill_wg (q, w, keys, list, counts, scores, status,
+        // tokens, max_rows, pool_rows, scale); the op checked q [tokens, 64, 128], w [tokens, 64], the
+        // shared list [max_rows], counts [tokens], scores [tokens, max_rows]; the kernel bounds every
+        // token and row by tokens and max_rows, clamps counts and zero-fills rows outside the pool.
+        unsafe {
+            s.launch_builder(&f)
+                .arg(q.cuda())
+                .arg(w.cuda())
+                .arg(keys.cuda())
+                .arg(key_rows.cuda())
+                .arg(counts.cuda())
+                .arg(scores.cuda_mut())
+                .arg(status.cuda_mut())
+                .arg(&shape.batch)
+                .arg(&shape.max_rows)
+                .arg(&pool_rows)
+                .arg(&scale)
+                .launch(cfg)
+        }?;
+    } else if shape.max_rows > 0 {
         let f = be.function("indexer", "di_indexer_scores")?;
         // 64 keys (RT in indexer.cu) a block.
         let cfg = LaunchConfig {
