@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "cpasync.cuh"
 #include "mma.cuh"
 
 namespace {
@@ -38,15 +39,6 @@ struct Smem {
 // Must equal ATTN_SMEM_BYTES in crates/kernels-ffi/src/cuda/attention.rs (the launcher's dynamic
 // shared memory).
 static_assert(sizeof(Smem) == 226816, "attention.rs ATTN_SMEM_BYTES");
-
-// 16 bytes global -> shared, zero-filled when !valid (cp.async with a source size of 0).
-__device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 }  // namespace
 
@@ -73,19 +65,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // The pool row of key `key` of this split, -1 when out of range or naming no pool row (then
     // reported). Loaded a tile ahead into sm.rows by threads 0..KT-1, so no copy waits on its own
     // index load (benches/results/2026-11-30-attention-wgmma).
-    auto row_of = [&](uint32_t key) -> int32_t {
-        if (key >= k_end) return -1;
-        const int32_t r = rows[key];
-        if (r >= 0 && static_cast<uint32_t>(r) < pool_rows) return r;
-        atomicExch(status, 1);
-        return -1;
-    };
+    auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
 
     // Q (rows >= heads zero), running stats.
     for (int c = tid; c < HM * (D / 8); c += THREADS) {
         const int h = c / (D / 8), v = c % (D / 8);
         const bool ok = h < static_cast<int>(heads);
-        cp16(sm.q + h * LD + v * 8, q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
+        cp_async16(sm.q + h * LD + v * 8, q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
     }
     if (tid < HM) {
         const bool with_sink = split == 0 && tid < static_cast<int>(heads);
@@ -97,9 +83,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int c = tid; c < KT * (D / 8); c += THREADS) {
             const int j = c / (D / 8), v = c % (D / 8);
             const int32_t r = sm.rows[stage][j];
-            cp16(sm.k[stage] + j * LD + v * 8, kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+            cp_async16(sm.k[stage] + j * LD + v * 8, kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
         }
-        cp_commit();
+        cp_async_commit();
     };
     int32_t next_row = -1;  // threads < KT: the row of their key in the tile after the next
     if (tid < KT) {
@@ -119,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     int stage = 0;
     for (uint32_t k0 = k_begin; k0 < k_end; k0 += KT, stage ^= 1) {
-        cp_wait_all();
+        cp_async_wait_groups();
         __syncthreads();  // tile `stage` (and Q) landed; the previous tile's P and stats are consumed
         if (k0 + KT < k_end) load_tile(stage ^ 1);
         if (tid < KT) next_row = row_of(k0 + 2 * KT + tid);  // lands while this tile computes
@@ -219,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // iteration's copies after its barrier; this tile's softmax is done with them).
         if (tid < KT) sm.rows[stage][tid] = next_row;
     }
-    cp_wait_all();  // Q's copies, when this split had no keys
+    cp_async_wait_groups();  // Q's copies, when this split had no keys
     __syncthreads();
     // Rows h = mi*16 + g (+8), columns warp*64 + ni*8 + 2qd (+1). One split: the normalised rows
     // staged in the free key tiles (row stride LD: conflict-free), then whole rows out with

@@ -31,6 +31,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "cpasync.cuh"
 #include "sm90.cuh"
 
 constexpr int DI_ATTN_WG_THREADS = 3 * 128;  // gather warpgroup + two math warpgroups
@@ -53,17 +54,6 @@ static_assert(SMEM == 216632, "attention.rs ATTN_WG_SMEM");
 // Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
 __device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
     return (v / 8) * CHUNK + r * 128 + (((v % 8) ^ (r % 8)) * 16);
-}
-
-__device__ __forceinline__ void cp16(uint8_t* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-// Arrive on bar once this thread's earlier cp.async copies have landed (the arrival is counted in
-// the barrier's expected count).
-__device__ __forceinline__ void cp_arrive(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
 }  // namespace
@@ -120,18 +110,12 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         for (uint32_t i = 0; i < HM * 64 / 128; ++i) {
             const uint32_t h = 2 * i + t / 64, v = t % 64;
             const bool ok = h < heads;
-            cp16(q_s + tile_off(h, v), q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
+            cp_async16(q_s + tile_off(h, v), q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
         }
-        cp_arrive(q_bar);
+        cp_async_arrive_noinc(q_bar);
         // The pool rows of a tile's keys go through shared memory (-1: no key), loaded one tile
         // ahead by threads 0-63, so the copies never wait on an index load.
-        auto row_of = [&](uint32_t key) -> int32_t {
-            if (key >= k_end) return -1;
-            const int32_t r = rows[key];
-            if (r >= 0 && static_cast<uint32_t>(r) < pool_rows) return r;
-            atomicExch(status, 1);
-            return -1;
-        };
+        auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
         // idx[s] also tells the math warpgroups which keys are real: thread 0's plain arrival on
         // full[s] (after the barrier that orders the index stores) publishes it.
         int32_t next = t < KT ? row_of(k_begin + t) : -1;
@@ -148,11 +132,11 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
                 const uint32_t j = 2 * i + t / 64, v = t % 64;
                 const int32_t r = ix[j];
-                cp16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+                cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
             }
-            cp_arrive(&full[s]);
+            cp_async_arrive_noinc(&full[s]);
         }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        cp_async_wait_all();
         if constexpr (C2) {  // every thread of both blocks takes part in the cluster barriers
             cluster_sync();
             cluster_sync();

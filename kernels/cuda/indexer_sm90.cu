@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "cpasync.cuh"
 #include "sm90.cuh"
 
 constexpr int DI_IDX_WG_THREADS = 3 * 128;
@@ -44,15 +45,6 @@ static_assert(SMEM == 149576, "indexer.rs IDX_WG_SMEM");
 // `chunk` bytes apart.
 __device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t v, uint32_t chunk) {
     return (v / 8) * chunk + r * CH + (((v % 8) ^ (r % 8)) * 16);
-}
-
-__device__ __forceinline__ void cp16(uint8_t* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_arrive(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
 }  // namespace
@@ -109,9 +101,9 @@ extern "C" __global__ void __launch_bounds__(DI_IDX_WG_THREADS, 1)
         for (uint32_t i = 0; i < RT * 16 / 128; ++i) {
             const uint32_t c = i * 128 + t, j = c / 16, v = c % 16;
             const int32_t r = rows_s[j];
-            cp16(k_s + swz(j, v, KCHUNK), keys + static_cast<size_t>(r < 0 ? 0 : r) * ID + v * 8, r >= 0);
+            cp_async16(k_s + swz(j, v, KCHUNK), keys + static_cast<size_t>(r < 0 ? 0 : r) * ID + v * 8, r >= 0);
         }
-        cp_arrive(k_full);
+        cp_async_arrive_noinc(k_full);
         // Query tiles, head by head: 64 tokens x 16 units.
         for (uint32_t h = 0; h < IH; ++h) {
             const uint32_t s = h % QSTAGES;
@@ -120,11 +112,11 @@ extern "C" __global__ void __launch_bounds__(DI_IDX_WG_THREADS, 1)
             for (uint32_t i = 0; i < TT * 16 / 128; ++i) {
                 const uint32_t c = i * 128 + t, r = c / 16, v = c % 16;
                 const bool ok = t0 + r < tokens;
-                cp16(dst + swz(r, v, QCHUNK), q + (static_cast<size_t>(ok ? t0 + r : 0) * IH + h) * ID + v * 8, ok);
+                cp_async16(dst + swz(r, v, QCHUNK), q + (static_cast<size_t>(ok ? t0 + r : 0) * IH + h) * ID + v * 8, ok);
             }
-            cp_arrive(&q_full[s]);
+            cp_async_arrive_noinc(&q_full[s]);
         }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        cp_async_wait_all();
         return;
     }
 
