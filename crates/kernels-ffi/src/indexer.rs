@@ -1,6 +1,8 @@
-//! The lightning indexer's decode step (MODEL_V4.md §6.3): scores of each sequence's index query
-//! against its candidate compressed keys and the positions of the top k (issue #8). The CUDA kernels
-//! are `kernels/cuda/indexer.cu`; the CPU reference is `crate::cpu::indexer`.
+//! The lightning indexer (MODEL_V4.md §6.3): scores of each index query against its candidate
+//! compressed keys and the positions of the top k (issue #8), for decode ([`indexer_decode`], a list
+//! per sequence) and for prefill chunks ([`indexer_prefill`], the chunk's tokens sharing their
+//! sequence's list). The CUDA kernels are `kernels/cuda/indexer.cu` and, for chunks on Hopper,
+//! `kernels/cuda/indexer_sm90.cu`; the CPU reference is `crate::cpu::indexer`.
 
 use half::bf16;
 

@@ -73,10 +73,11 @@ pub(crate) fn attention_decode(
         None => l.arg(&none).arg(&none),
     };
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
-    // SAFETY: matches di_attn_decode and di_attn_decode_wg (q, kv, key_rows, key_counts, sink, out, o_part, ml_part,
-    // status, heads, max_keys, pool_rows, tiles_per_split, scale); the op checked q/out [batch,
-    // heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads <= 64; the
-    // kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
+    // SAFETY: matches di_attn_decode, di_attn_decode_wg and di_attn_decode_wg_c2 (q, kv, key_rows,
+    // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
+    // scale; the partials are null where no combine follows and then never written); the op checked
+    // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
+    // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
     unsafe { l.launch(cfg) }?;
     if let Some((o, ml)) = parts {
         let c = be.function("attention", "di_attn_decode_combine")?;
