@@ -46,8 +46,8 @@ constexpr int STAGES = 2;              // key tiles in flight
 constexpr int CHUNK = 64 * 128;        // 64 rows x 128 bytes (64 bf16 columns), swizzled
 constexpr int TILE = (D / 64) * CHUNK;  // one 64-row x 512 bf16 tile: 64 KB
 // Dynamic shared memory (ATTN_WG_SMEM in attention.rs): 1024 bytes of alignment slack, Q, the key
-// stages, P, the row maxima and sums of both math warpgroups, the key rows of two tiles, the
-// barriers (full, empty, Q).
+// stages, two P tiles, the max, sum and rescale factor per row of two tiles, the cluster merge's
+// max and sum per row, the key rows of two tiles, the barriers (full, empty, pready, Q).
 constexpr int SMEM = 1024 + TILE + STAGES * TILE + 2 * HM * 128 + 2 * 3 * HM * 4 + 2 * HM * 4 + 2 * KT * 4 + (3 * STAGES + 1) * 8;
 static_assert(SMEM == 216632, "attention.rs ATTN_WG_SMEM");
 
