@@ -11,7 +11,7 @@
 //! launches, median of 20 batches.
 
 use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
-use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, switch_kernels, SplitMix};
 use half::bf16;
 
 const BYTES_PER_S: f64 = 4.3e12;
@@ -28,12 +28,6 @@ fn main() {
     let (batch, heads, d) = (64u32, 64u32, 512usize);
     let scale = 1.0 / (d as f32).sqrt();
     let mut results = Vec::new();
-    let probe = DecodeAttnShape { batch: 1, heads: 64, head_dim: 512, max_keys: 64 };
-    set_wgmma(false);
-    let plain = cuda_kernel(&s, probe);
-    set_wgmma(true);
-    // Every kernel this GPU runs (on sm_90 the warpgroup-MMA kernel and the mma.sync one).
-    let kernels: Vec<bool> = if cuda_kernel(&s, probe) == plain { vec![true] } else { vec![true, false] };
     for (what, keys) in [
         ("CSA (128 window + 512 top-k)", 640u32),
         ("HCA 8k (128 + 64)", 192),
@@ -54,14 +48,9 @@ fn main() {
             (s.upload(&q).unwrap(), s.upload(&rows).unwrap(), s.upload(&counts).unwrap(), s.upload(&sink).unwrap());
         let mut out = s.zeros::<bf16>(q.len()).unwrap();
         let mut st = s.zeros::<i32>(1).unwrap();
-        let mut seen = Vec::new();
-        for &wgmma in &kernels {
+        // Every kernel this GPU runs (on sm_90 the warpgroup-MMA kernel and the mma.sync one).
+        for (wgmma, kernel) in switch_kernels(set_wgmma, || cuda_kernel(&s, shape)) {
             set_wgmma(wgmma);
-            let kernel = cuda_kernel(&s, shape).unwrap();
-            if seen.contains(&kernel) {
-                continue;
-            }
-            seen.push(kernel);
             attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
             // Check sequence 0 against the CPU.
             let one = DecodeAttnShape { batch: 1, ..shape };
@@ -180,14 +169,8 @@ fn main() {
         let mut tk = s.zeros::<i32>(tokens as usize * k as usize).unwrap();
         let mut st = s.zeros::<i32>(1).unwrap();
         let scale = 1.0 / (64f32 * 128.0).sqrt();
-        let mut seen = Vec::new();
-        for wgmma in [true, false] {
+        for (wgmma, kernel) in switch_kernels(set_wgmma, || prefill_cuda_kernel(&s)) {
             set_wgmma(wgmma);
-            let kernel = prefill_cuda_kernel(&s).unwrap();
-            if seen.contains(&kernel) {
-                continue;
-            }
-            seen.push(kernel);
             let mut times = Vec::new();
             for rep in 0..6 {
                 let a = s.record_event().unwrap();
@@ -244,16 +227,9 @@ fn main() {
             let sb = s.upload(&rng.vec(heads as usize)).unwrap();
             let mut out = s.zeros::<bf16>(tokens as usize * heads as usize * d).unwrap();
             let mut st = s.zeros::<i32>(1).unwrap();
-            let mut seen = Vec::new();
-            for &wgmma in &kernels {
+            let as_decode = DecodeAttnShape { batch: tokens, heads, head_dim: d as u32, max_keys: keys };
+            for (wgmma, kernel) in switch_kernels(set_wgmma, || cuda_kernel(&s, as_decode)) {
                 set_wgmma(wgmma);
-                let kernel =
-                    cuda_kernel(&s, DecodeAttnShape { batch: tokens, heads, head_dim: d as u32, max_keys: keys })
-                        .unwrap();
-                if seen.contains(&kernel) {
-                    continue;
-                }
-                seen.push(kernel);
                 let mut times = Vec::new();
                 for rep in 0..5 {
                     let a = s.record_event().unwrap();

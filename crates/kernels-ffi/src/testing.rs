@@ -20,6 +20,22 @@ pub fn cuda_device_or_skip(what: &str) -> Option<Device> {
     }
 }
 
+/// The distinct kernels a process-wide A/B switch (`attention::set_wgmma`, `indexer::set_wgmma`)
+/// selects for one call, each with the setting that selects it, the default (on) first: `kernel`
+/// names the kernel under the current setting. The switch is left on. Where the GPU has one kernel
+/// for the call, a test or bench runs it once instead of twice.
+pub fn switch_kernels(set: impl Fn(bool), kernel: impl Fn() -> Option<&'static str>) -> Vec<(bool, &'static str)> {
+    let mut out: Vec<(bool, &'static str)> = Vec::new();
+    for on in [true, false] {
+        set(on);
+        if let Some(k) = kernel().filter(|k| !out.iter().any(|(_, seen)| seen == k)) {
+            out.push((on, k));
+        }
+    }
+    set(true);
+    out
+}
+
 /// ‖a − b‖ / ‖b‖ in f64, and max |a − b|; NaN anywhere gives NaN (which never passes a `<`).
 pub fn rel_err(a: &[f32], b: &[f32]) -> (f64, f64) {
     assert_eq!(a.len(), b.len());
@@ -60,4 +76,22 @@ pub fn fresh_seed() -> u64 {
         return s;
     }
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn switch_kernels_lists_each_kernel_once_and_leaves_the_switch_on() {
+        let on = Cell::new(true);
+        let two = switch_kernels(|v| on.set(v), || Some(if on.get() { "fast" } else { "portable" }));
+        assert_eq!(two, vec![(true, "fast"), (false, "portable")]);
+        assert!(on.get());
+        let one = switch_kernels(|v| on.set(v), || Some("portable"));
+        assert_eq!(one, vec![(true, "portable")]);
+        assert!(switch_kernels(|v| on.set(v), || None).is_empty());
+        assert!(on.get());
+    }
 }

@@ -8,7 +8,7 @@
 //! output is rounded to bf16 on both sides.
 
 use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
-use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{Device, Stream};
 use half::bf16;
 
@@ -72,27 +72,16 @@ fn gpu_attention_decode_matches_cpu() {
         // Two splits (the cluster kernel on sm_90) with fewer heads and ragged lengths.
         (50, 40, 300, false, 2.0),
     ];
-    // Every kernel this GPU can run: on sm_90 the warpgroup-MMA kernel (the default) and the
-    // mma.sync one; elsewhere only the latter.
-    let probe = DecodeAttnShape { batch: 1, heads: 64, head_dim: 512, max_keys: 64 };
-    set_wgmma(false);
-    let plain = cuda_kernel(&gpu, probe);
-    set_wgmma(true);
-    let kernels: Vec<bool> = if cuda_kernel(&gpu, probe) == plain { vec![true] } else { vec![true, false] };
+    // Every kernel this GPU runs for the shape: on sm_90 the warpgroup-MMA kernel (the default) and
+    // the mma.sync one; elsewhere only the latter.
     for (batch, heads, max_keys, full, qs) in shapes {
         let c0 = case(&mut rng, batch, heads, max_keys, full, qs);
-        let mut seen = Vec::new();
-        for &wgmma in &kernels {
+        for (wgmma, kernel) in switch_kernels(set_wgmma, || cuda_kernel(&gpu, c0.shape)) {
             set_wgmma(wgmma);
-            let kernel = cuda_kernel(&gpu, c0.shape).unwrap();
-            if seen.contains(&kernel) {
-                continue;
-            }
-            seen.push(kernel);
             check_decode(&gpu, &cpu, kernel, &c0);
         }
+        set_wgmma(true);
     }
-    set_wgmma(true);
 }
 
 /// One decode case on one kernel: parity, two runs bit-identical, an out-of-pool row reported.
@@ -331,14 +320,8 @@ fn gpu_indexer_prefill_matches_cpu() {
         };
         let (sc_c, tk_c, st_c) = run(&cpu);
         // Every scores kernel this GPU runs (on sm_90 the wgmma one and the decode one).
-        let mut seen = Vec::new();
-        for wgmma in [true, false] {
+        for (wgmma, kernel) in switch_kernels(set_wgmma, || prefill_cuda_kernel(&gpu)) {
             set_wgmma(wgmma);
-            let kernel = prefill_cuda_kernel(&gpu).unwrap();
-            if seen.contains(&kernel) {
-                continue;
-            }
-            seen.push(kernel);
             let (sc_g, tk_g, st_g) = run(&gpu);
             assert_eq!((st_c, st_g), (bad as i32, bad as i32), "{kernel}: out-of-pool row reported");
             check_indexer(
