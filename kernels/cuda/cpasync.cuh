@@ -13,6 +13,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Every committed group has landed.
 __device__ __forceinline__ void cp_async_wait_groups() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// All but the newest N committed groups have landed.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_pending() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 // Every copy this thread issued has landed, committed or not (copies tracked by mbarriers).
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 

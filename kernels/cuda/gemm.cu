@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "../include/deepinfer_params.h"
+#include "cpasync.cuh"
 #include "lowp.cuh"
 #include "mma.cuh"
 
@@ -873,25 +874,83 @@ extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_packed_n16(con
 // ---------------------------------------------------------------------------------------------
 // Decode GEMMs with FP4 weights and FP8 activations on the matrix units (m <= 16 rows a job, k %
 // 128 == 0, n % 16 == 0, activation quantisation): x comes as e4m3 bytes with 1x128 scales
-// (di_quantize_x_e4m3), the e2m1 weights are widened to e4m3 bytes (exact: every e2m1 value is an
-// e4m3 value) by a byte-permute table, and mma.sync m16n8k32 multiplies them. One mma covers one
-// 32-wide FP4 scale group, so its fp32 result is scaled by that group's row scales and the token's
-// 1x128 scale before it joins the accumulators. A lane (g, t) reads, for each of the 4 groups j of
-// a 128-wide chunk, the 4 bytes (8 values) at 16j + 4t of rows g and g+8: logical k 4t..4t+3 are
-// values 8t..8t+3 of the group, 16+4t.. are 8t+4..8t+7, and x is read with the same map (8
-// contiguous bytes a group). Jobs: rows 0..m of x (dense) or MoE chunks (expert, first permuted
-// row, rows) with x rows through the gather, as the other grouped kernels.
+// (di_quantize_x_e4m3). Both operands become f16 (exact for every e2m1 and e4m3 value) and mma.sync
+// m16n8k16 multiplies them: on sm_90 an e4m3 mma.sync is itself expanded by the compiler into f16
+// conversions of both fragments and f16 MMAs (about 13 extra instructions an MMA), while an e2m1
+// code becomes an f16 in two bit operations (below) and x pairs in one conversion. The two MMAs of
+// a 32-wide FP4 scale group share one fp32 result, scaled by that group's row scales before it
+// joins the chunk's sum, which is scaled by the token's 1x128 scale. A lane (g, t) reads, for each
+// of the 4 groups j of a 128-wide chunk, the 4 bytes (8 values v0..v7) at 16j + 4t of rows g and
+// g+8 and the 8 bytes of x at 32j + 8t; its k slots hold the value pairs (v0, v4), (v1, v5) in the
+// first MMA and (v2, v6), (v3, v7) in the second, x paired alike by byte permutes. Jobs: rows 0..m
+// of x (dense) or MoE chunks (expert, first permuted row, rows) with x rows through the gather, as
+// the other grouped kernels.
 namespace {
 
-// Eight e2m1 codes (low nibble first) -> eight e4m3 bytes (two words): magnitudes through a
-// byte-permute table (e4m3 of 0, 0.5, 1, 1.5, 2, 3, 4, 6), the sign bit moved to bit 7.
-__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
-    const uint32_t m = w & 0x77777777u;
-    lo = __byte_perm(0x3C383000u, 0x4C484440u, m & 0xFFFFu);
-    hi = __byte_perm(0x3C383000u, 0x4C484440u, m >> 16);
-    const uint32_t s = w & 0x88888888u;
-    lo |= ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
-    hi |= ((s & 0x80000u) >> 12) | ((s & 0x800000u) >> 8) | ((s & 0x8000000u) >> 4) | (s & 0x80000000u);
+// Eight e2m1 codes (low nibble first) -> their values times 2^-14 as four f16 pairs: (v0, v4),
+// (v1, v5), (v2, v6), (v3, v7). An e2m1 code s|e1 e0|m placed at bits 15 and 11..9 of a half is the
+// f16 s|0 0 0 e1 e0|m 0..0, whose value is the code's times 2^-14 exactly (0.5, e = 0, lands on an
+// f16 subnormal); the 2^14 goes back in with the token scale.
+__device__ __forceinline__ void fp4x8_to_f16_lo14(uint32_t w, uint32_t (&h)[4]) {
+    h[0] = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);
+    h[1] = ((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u);
+    h[2] = ((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u);
+    h[3] = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);
+}
+constexpr float FP4Q_UNDO = 16384.f;  // 2^14: multiplies the token scales
+
+// One 128-wide chunk of a 16-row tile: `cur` holds this lane's 4 words of rows g and g+8 and their
+// 4 group scales each (the fetch layout below), xs the tokens' 1x128 scales for this chunk times
+// FP4Q_UNDO (columns 2t, 2t+1 of each 8-column operand). Adds the chunk's products to acc.
+// This lane's x bytes of chunk c for each 8-column operand: 8 bytes of each group j at 32j, from
+// xrow[nt] (its token row's bytes 8t.. of chunk 0).
+template <int NT>
+__device__ __forceinline__ void fp4q_load_x(const uint8_t* const (&xrow)[NT], uint32_t c, uint2 (&xv)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            xv[nt][j] = __ldg(reinterpret_cast<const uint2*>(xrow[nt] + static_cast<size_t>(c) * 128 + 32 * j));
+}
+
+// xv: this lane's x bytes of the chunk (fp4q_load_x).
+template <int NT>
+__device__ __forceinline__ void fp4q_chunk_x(const uint32_t (&cur)[10], const uint2 (&xv)[NT][4],
+                                             const float (&xs)[NT][2], float (&acc)[NT][4]) {
+    float part[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) part[nt][r] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        uint32_t hg[4], hh[4];
+        fp4x8_to_f16_lo14(cur[j], hg);
+        fp4x8_to_f16_lo14(cur[4 + j], hh);
+        const uint32_t a0[4] = {hg[0], hh[0], hg[1], hh[1]};
+        const uint32_t a1[4] = {hg[2], hh[2], hg[3], hh[3]};
+        const float swg = e8m0(static_cast<uint8_t>(cur[8] >> (8 * j)));
+        const float swh = e8m0(static_cast<uint8_t>(cur[9] >> (8 * j)));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const uint2 b = xv[nt][j];
+            const uint32_t p0 = __byte_perm(b.x, b.y, 0x5140), p1 = __byte_perm(b.x, b.y, 0x7362);
+            float pt[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_f16(pt, a0, e4m3x2_to_f16x2(static_cast<uint16_t>(p0)), e4m3x2_to_f16x2(static_cast<uint16_t>(p0 >> 16)));
+            mma_f16(pt, a1, e4m3x2_to_f16x2(static_cast<uint16_t>(p1)), e4m3x2_to_f16x2(static_cast<uint16_t>(p1 >> 16)));
+            part[nt][0] = fmaf(pt[0], swg, part[nt][0]);
+            part[nt][1] = fmaf(pt[1], swg, part[nt][1]);
+            part[nt][2] = fmaf(pt[2], swh, part[nt][2]);
+            part[nt][3] = fmaf(pt[3], swh, part[nt][3]);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        acc[nt][0] = fmaf(part[nt][0], xs[nt][0], acc[nt][0]);
+        acc[nt][1] = fmaf(part[nt][1], xs[nt][1], acc[nt][1]);
+        acc[nt][2] = fmaf(part[nt][2], xs[nt][0], acc[nt][2]);
+        acc[nt][3] = fmaf(part[nt][3], xs[nt][1], acc[nt][3]);
+    }
 }
 
 template <int NT, int D>
@@ -911,20 +970,15 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
     const uint8_t* wh = w + static_cast<size_t>(rh) * (p.k / 2) + 4 * t;
     const uint8_t* sg = scale + static_cast<size_t>(rg) * (p.k / 32);
     const uint8_t* sh = scale + static_cast<size_t>(rh) * (p.k / 32);
-    // This lane's x rows (token g of each 8-column operand) and the scale columns' rows (2t, 2t+1).
-    uint32_t xrow[NT], srow[NT][2];
-    bool xok[NT], sok[NT][2];
+    // This lane's x rows (token g of each 8-column operand) and the scale columns' rows (2t, 2t+1);
+    // columns past the job's rows read its last row (finite products in columns never stored).
+    const uint8_t* xrow[NT];
+    const float* srow[NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t i = nt * 8 + g;
-        xok[nt] = i < rows.m;
-        xrow[nt] = xok[nt] ? rows.src(i) : 0;
+        xrow[nt] = xq + static_cast<size_t>(rows.src(min(nt * 8 + g, rows.m - 1))) * p.k + 8 * t;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const uint32_t ii = nt * 8 + 2 * t + e;
-            sok[nt][e] = ii < rows.m;
-            srow[nt][e] = sok[nt][e] ? rows.src(ii) : 0;
-        }
+        for (int e = 0; e < 2; ++e) srow[nt][e] = sx + static_cast<size_t>(rows.src(min(nt * 8 + 2 * t + e, rows.m - 1))) * kc;
     }
     float acc[NT][4];
 #pragma unroll
@@ -958,28 +1012,10 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) xs[nt][e] = sok[nt][e] ? sx[static_cast<size_t>(srow[nt][e]) * kc + c] : 0.f;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    uint32_t a[4];
-                    fp4x8_to_e4m3(cur[j], a[0], a[2]);
-                    fp4x8_to_e4m3(cur[4 + j], a[1], a[3]);
-                    const float swg = e8m0(static_cast<uint8_t>(cur[8] >> (8 * j)));
-                    const float swh = e8m0(static_cast<uint8_t>(cur[9] >> (8 * j)));
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        uint2 b = make_uint2(0, 0);
-                        if (xok[nt])
-                            b = __ldg(reinterpret_cast<const uint2*>(xq + static_cast<size_t>(xrow[nt]) * p.k +
-                                                                      static_cast<size_t>(c) * 128 + 32 * j + 8 * t));
-                        float pt[4] = {0.f, 0.f, 0.f, 0.f};
-                        mma_e4m3(pt, a, b.x, b.y);
-                        acc[nt][0] = fmaf(pt[0], swg * xs[nt][0], acc[nt][0]);
-                        acc[nt][1] = fmaf(pt[1], swg * xs[nt][1], acc[nt][1]);
-                        acc[nt][2] = fmaf(pt[2], swh * xs[nt][0], acc[nt][2]);
-                        acc[nt][3] = fmaf(pt[3], swh * xs[nt][1], acc[nt][3]);
-                    }
-                }
+                    for (int e = 0; e < 2; ++e) xs[nt][e] = FP4Q_UNDO * srow[nt][e][c];
+                uint2 xv[NT][4];
+                fp4q_load_x<NT>(xrow, c, xv);
+                fp4q_chunk_x<NT>(cur, xv, xs, acc);
             }
         }
     }
@@ -998,3 +1034,196 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
     }
 DI_GEMM_FP4Q(di_gemm_fp4q_n8, 1, 4)
 DI_GEMM_FP4Q(di_gemm_fp4q_n16, 2, 2)
+
+// ---------------------------------------------------------------------------------------------
+// The same FP4 x FP8 products for grouped decode jobs with many (chunk, 16-row tile) items (MoE
+// decode with tens of tokens: hundreds of experts x n / 16 tiles), as a streaming kernel. The
+// kernel above gives each block one item (its warps splitting k, partials added through shared
+// memory): every block starts with a chain of dependent loads (chunk, gather, weights) and ends
+// with a barrier and a reduction, and between them each warp has its whole share of W in flight
+// at once, so nothing streams while a block starts or ends. Here each warp owns whole items (a
+// 16-row tile, all of k) in a fixed round-robin over the grid and keeps D 128-wide chunks in
+// flight in a register ring that runs across item boundaries: the next item's weights are already
+// loading while the current one finishes and stores. No shared memory, no barriers. The sums
+// run over k in order within one warp, so results do not depend on the grid.
+namespace {
+
+// A stage of a warp's ring: 16 rows of 64 bytes, each padded to 80 so that the lanes' 4-byte reads
+// (rows g, bytes 16j + 4t) fall in 32 different banks. The launcher sizes the dynamic shared memory
+// as 8 warps x D stages (FP4Q_STREAM_STAGES in launch.rs).
+constexpr int FP4Q_ROW = 80;
+constexpr int FP4Q_STAGE = 16 * FP4Q_ROW;
+
+// A warp's place in its stream of items: chunk z, 16-row tile, stepping `stride` items at a time
+// (items are numbered z * tiles + tile) without a division per step.
+struct StreamPos {
+    uint32_t z, tile;
+    __device__ __forceinline__ void step(uint32_t sdiv, uint32_t smod, uint32_t tiles) {
+        z += sdiv;
+        tile += smod;
+        if (tile >= tiles) {
+            tile -= tiles;
+            ++z;
+        }
+    }
+};
+
+template <int NT, int D>
+__device__ void gemm_fp4q_stream(const uint8_t* __restrict__ xq, const float* __restrict__ sx,
+                                 const int32_t* __restrict__ gather, uint32_t gather_div, const uint8_t* __restrict__ w,
+                                 const uint8_t* __restrict__ scale, __nv_bfloat16* __restrict__ y, DiGemmParams p,
+                                 const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
+                                 uint64_t w_stride, uint64_t s_stride) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t tiles = p.n / 16, kc = p.k / 128;
+    const uint32_t nch = chunks ? static_cast<uint32_t>(max(*num_chunks, 0)) : 1u;
+    const uint32_t stride = gridDim.x * (blockDim.x / 32);
+    const uint32_t first = blockIdx.x * (blockDim.x / 32) + warp;
+    if (first >= nch * tiles) return;
+    const uint32_t sdiv = stride / tiles, smod = stride % tiles;
+    const uint32_t steps = (nch * tiles - first + stride - 1) / stride * kc;  // this warp's chunks in all
+    // Chunk z's (expert, first row, rows); dense jobs are one chunk of rows 0..m of expert 0.
+    auto job = [&](uint32_t z) { return chunks ? __ldg(chunks + z) : make_int4(0, 0, static_cast<int>(p.m), 0); };
+
+    // Fetch side: the item and chunk the next fetch loads. A chunk of a tile (16 rows x 64 bytes)
+    // goes into a stage of this warp's shared-memory ring with 16-byte cp.async copies, lane l taking
+    // bytes 16 (l % 4).. of rows l / 4 and l / 4 + 8 (whole 64-byte row pieces: a quarter of the
+    // cache requests of 4-byte loads); the rows' scale words go into a register ring.
+    StreamPos fp{first / tiles, first % tiles};
+    uint32_t f_c = 0;
+    const uint8_t *fwg, *fwh, *fsg, *fsh;
+    auto aim = [&]() {
+        const uint32_t expert = static_cast<uint32_t>(job(fp.z).x);
+        const uint8_t* we = w + static_cast<uint64_t>(expert) * w_stride;
+        const uint8_t* se = scale + static_cast<uint64_t>(expert) * s_stride;
+        const uint32_t rg = fp.tile * 16 + g, rh = rg + 8;  // n % 16 == 0: both rows exist
+        fwg = we + static_cast<size_t>(rg) * (p.k / 2) + 16 * t;
+        fwh = we + static_cast<size_t>(rh) * (p.k / 2) + 16 * t;
+        fsg = se + static_cast<size_t>(rg) * (p.k / 32);
+        fsh = se + static_cast<size_t>(rh) * (p.k / 32);
+    };
+    aim();
+    extern __shared__ __align__(16) uint8_t fp4q_ring[];
+    uint8_t* ring = fp4q_ring + warp * D * FP4Q_STAGE;
+    uint32_t sc[D][2];  // the stages' scale words, rows g and g+8
+    auto fetch = [&](int sl) {
+        if (fp.z < nch) {
+            const size_t o = static_cast<size_t>(f_c) * 64;
+            uint8_t* st = ring + sl * FP4Q_STAGE + g * FP4Q_ROW + 16 * t;
+            cp_async16(st, fwg + o, true);
+            cp_async16(st + 8 * FP4Q_ROW, fwh + o, true);
+            sc[sl][0] = __ldg(reinterpret_cast<const uint32_t*>(fsg + 4 * f_c));
+            sc[sl][1] = __ldg(reinterpret_cast<const uint32_t*>(fsh + 4 * f_c));
+            if (++f_c == kc) {
+                f_c = 0;
+                fp.step(sdiv, smod, tiles);
+                if (fp.z < nch) aim();
+            }
+        }
+        cp_async_commit();  // one group a step, empty past the end: the wait below counts steps
+    };
+
+    // Compute side: the item being summed, its x rows (token g of each 8-column operand) and scale
+    // rows (2t, 2t+1). Columns past the chunk's rows read its last row: finite products in
+    // columns that are never stored.
+    StreamPos cp{first / tiles, first % tiles};
+    uint32_t c_c = 0, row0 = 0, m = 0;
+    const uint8_t* xrow[NT];
+    const float* srow[NT][2];
+    auto enter = [&]() {
+        const int4 jb = job(cp.z);
+        row0 = static_cast<uint32_t>(jb.y);
+        m = static_cast<uint32_t>(jb.z);
+        const Rows rows{gather, gather_div, row0, m};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            xrow[nt] = xq + static_cast<size_t>(rows.src(min(nt * 8 + g, m - 1))) * p.k + 8 * t;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) srow[nt][e] = sx + static_cast<size_t>(rows.src(min(nt * 8 + 2 * t + e, m - 1))) * kc;
+        }
+    };
+    // x bytes and scales of the next step's chunk, loaded a step ahead within an item.
+    uint2 xv[NT][4];
+    float xs[NT][2];
+    auto load_x = [&](uint32_t c) {
+        fp4q_load_x<NT>(xrow, c, xv);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) xs[nt][e] = FP4Q_UNDO * srow[nt][e][c];
+    };
+    enter();
+    load_x(0);
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+
+#pragma unroll
+    for (int sl = 0; sl < D; ++sl) fetch(sl);
+    for (uint32_t sb = 0; sb < steps; sb += D) {
+#pragma unroll
+        for (int sl = 0; sl < D; ++sl) {
+            if (sb + sl < steps) {
+                cp_async_wait_pending<D - 1>();  // this lane's copies of the step's stage have landed
+                __syncwarp();                     // and every lane's
+                uint32_t cur[10];
+                const uint8_t* st = ring + sl * FP4Q_STAGE + g * FP4Q_ROW + 4 * t;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    cur[j] = *reinterpret_cast<const uint32_t*>(st + 16 * j);
+                    cur[4 + j] = *reinterpret_cast<const uint32_t*>(st + 8 * FP4Q_ROW + 16 * j);
+                }
+                cur[8] = sc[sl][0];
+                cur[9] = sc[sl][1];
+                __syncwarp();  // every lane has read the stage: refill it with the chunk D steps ahead
+                fetch(sl);
+                const uint2 (&xc)[NT][4] = xv;
+                uint2 xnow[NT][4];
+                float snow[NT][2];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) xnow[nt][j] = xc[nt][j];
+                    snow[nt][0] = xs[nt][0];
+                    snow[nt][1] = xs[nt][1];
+                }
+                if (c_c + 1 < kc) load_x(c_c + 1);  // the next chunk of this item
+                fp4q_chunk_x<NT>(cur, xnow, snow, acc);
+                if (++c_c == kc) {  // the item is summed: rows tile*16 + g (+8), columns 2t (+1) of each operand
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const uint32_t row = cp.tile * 16 + g + (j >= 2 ? 8 : 0);
+                            const uint32_t col = nt * 8 + 2 * t + (j & 1);
+                            if (col < m) y[static_cast<size_t>(row0 + col) * p.n + row] = __float2bfloat16_rn(acc[nt][j]);
+                            acc[nt][j] = 0.f;
+                        }
+                    c_c = 0;
+                    cp.step(sdiv, smod, tiles);
+                    if (cp.z < nch) {
+                        enter();
+                        load_x(0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// Arguments as di_gemm_fp4q_n*, without kw; a persistent grid (the launcher sizes it to the GPU).
+#define DI_GEMM_FP4Q_STREAM(NAME, NT, D)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                 \
+        const uint8_t* xq, const float* sx, const int32_t* gather, uint32_t gather_div, const uint8_t* w,        \
+        const uint8_t* s, __nv_bfloat16* y, DiGemmParams p, const int4* chunks, const int32_t* num_chunks,     \
+        uint64_t w_stride, uint64_t s_stride) {                                                                \
+        gemm_fp4q_stream<NT, D>(xq, sx, gather, gather_div, w, s, y, p, chunks, num_chunks, w_stride, s_stride); \
+    }
+DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n8, 1, 8)
+DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n16, 2, 8)
+static_assert(8 * 8 * FP4Q_STAGE == 81920, "launch.rs FP4Q_STREAM_SMEM");

@@ -274,6 +274,30 @@ pub enum GroupedInput<'a> {
     Rows(&'a DeviceBuffer<bf16>),
 }
 
+/// The CUDA kernel [`gemm_grouped`] launches on `stream`'s GPU for `d`'s chunks and an [n, k]
+/// matrix; `None` on the CPU or without the CUDA backend.
+pub fn gemm_grouped_cuda_kernel(
+    stream: &Stream,
+    format: WeightFormat,
+    d: &MoeDispatch,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> Option<String> {
+    match stream.device() {
+        #[cfg(feature = "cuda")]
+        crate::device::Device::Cuda(b) => {
+            let p = GemmParams::new(d.shape.pairs() as u32, n, k, quantize);
+            let cap = MoeDispatch::capacity(d.shape, d.tile);
+            Some(crate::cuda::launch::gemm_grouped_kernel(format, d.tile, cap, &p, b.sm_count()))
+        }
+        _ => {
+            let _ = (format, d, n, k, quantize);
+            None
+        }
+    }
+}
+
 /// y[r, :] = W_e·x_r for every routed row r of expert e (y [pairs, n]; other rows untouched).
 /// `w` holds the experts' [n, k] matrices back to back (scales likewise, see
 /// [`WeightFormat::bytes`]); `quantize` rounds x to FP8 per 1×128 block first (k % 128 == 0).

@@ -305,6 +305,20 @@ pub fn fp8_mma_decode() -> bool {
     FP8_MMA_DECODE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static FP4_STREAM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether grouped FP4 decode GEMMs with many (chunk, 16-row tile) items (MoE layers at tens of
+/// tokens) run the streaming kernel (`di_gemm_fp4q_stream_n*`, the default) or the kernel with one
+/// item a block: a process-wide switch for A/B benchmarks; results agree within the GEMM tolerance.
+pub fn set_fp4_stream(on: bool) {
+    FP4_STREAM.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_fp4_stream`] sets.
+pub fn fp4_stream() -> bool {
+    FP4_STREAM.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static FP8_WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Whether FP8 GEMMs with activation quantisation use the Hopper wgmma kernels on an sm_90 GPU (the

@@ -11,7 +11,7 @@
 //! HBM), warm-up, then CUDA events around batches of forwards, median of the batches.
 
 use deepinfer_kernels_ffi::moe::{self as mops, GroupedInput, RouteBy};
-use deepinfer_kernels_ffi::ops::{gemm_lowp, WeightFormat};
+use deepinfer_kernels_ffi::ops::{gemm_lowp, set_fp4_stream, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
 use deepinfer_kernels_ffi::GemmParams;
 use deepinfer_kernels_ffi::Stream;
@@ -50,20 +50,36 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
     assert!(got.iter().all(|v| v.is_finite()), "MoE output not finite");
     let active = touched.iter().sum::<f64>() / touched.len() as f64;
     let batch = if tokens >= 1024 { 3 } else { 20 };
-    let mut times = Vec::new();
     let mut at = 0;
-    for rep in 0..12 {
-        let a = s.record_event().unwrap();
-        for _ in 0..batch {
-            at = (at + 1) % inputs;
-            forward(s, w, &xs[at], None, &mut ws, &mut out).unwrap();
+    let mut layer_ms = |ws: &mut MoeWorkspace, out: &mut deepinfer_kernels_ffi::DeviceBuffer<bf16>| {
+        let mut times = Vec::new();
+        for rep in 0..12 {
+            let a = s.record_event().unwrap();
+            for _ in 0..batch {
+                at = (at + 1) % inputs;
+                forward(s, w, &xs[at], None, ws, out).unwrap();
+            }
+            let b = s.record_event().unwrap();
+            if rep >= 2 {
+                times.push(a.elapsed_ms(&b).unwrap() as f64 / batch as f64);
+            }
         }
-        let b = s.record_event().unwrap();
-        if rep >= 2 {
-            times.push(a.elapsed_ms(&b).unwrap() as f64 / batch as f64);
-        }
-    }
-    let ms = median(times);
+        median(times)
+    };
+    // The routed GEMMs' kernels with the streaming FP4 decode switch on (the default) and off.
+    let gemm_kernels = || {
+        let dsp = &ws.dispatch;
+        let gate = mops::gemm_grouped_cuda_kernel(s, w.routed.format, dsp, w.inter, w.dim, true).unwrap_or_default();
+        let down =
+            mops::gemm_grouped_cuda_kernel(s, w.routed.format, dsp, w.dim, w.inter, dsp.tile <= 16).unwrap_or_default();
+        (gate, down)
+    };
+    let kernels_on = gemm_kernels();
+    set_fp4_stream(false);
+    let kernels_off = gemm_kernels();
+    let ms_off = if kernels_off != kernels_on { Some(layer_ms(&mut ws, &mut out)) } else { None };
+    set_fp4_stream(true);
+    let ms = layer_ms(&mut ws, &mut out);
     // Where the time goes: each stage alone on the last input's routing (same workspace).
     let x = &xs[at];
     let stage = |f: &mut dyn FnMut()| {
@@ -92,12 +108,16 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         })
         .into(),
     );
-    for (name, tile) in
-        [("routed_gate_gemm", ws.dispatch.tile), ("routed_gate_gemm_tile128", 128), ("routed_gate_gemm_tile64", 64)]
-    {
-        if tokens < 1024 && tile >= 64 && name != "routed_gate_gemm" {
+    for (name, tile, stream) in [
+        ("routed_gate_gemm", ws.dispatch.tile, true),
+        ("routed_gate_gemm_one_item_a_block", ws.dispatch.tile, false),
+        ("routed_gate_gemm_tile128", 128, true),
+        ("routed_gate_gemm_tile64", 64, true),
+    ] {
+        if (tokens < 1024 && tile >= 64 && name != "routed_gate_gemm") || (!stream && kernels_off.0 == kernels_on.0) {
             continue;
         }
+        set_fp4_stream(stream);
         let mut dsp = mops::MoeDispatch::with_tile(s, ws.dispatch.shape, tile).unwrap();
         mops::dispatch(s, &ws.routed.ids, &mut dsp).unwrap();
         let t = stage(&mut || {
@@ -115,6 +135,7 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
             )
             .unwrap()
         });
+        set_fp4_stream(true);
         stages.insert(name.to_string(), t.into());
     }
     stages.insert(
@@ -125,9 +146,12 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         })
         .into(),
     );
-    stages.insert(
-        "routed_down_gemm".into(),
-        stage(&mut || {
+    for (name, stream) in [("routed_down_gemm", true), ("routed_down_gemm_one_item_a_block", false)] {
+        if !stream && kernels_off.1 == kernels_on.1 {
+            continue;
+        }
+        set_fp4_stream(stream);
+        let t = stage(&mut || {
             mops::gemm_grouped(
                 s,
                 r.format,
@@ -141,9 +165,10 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
                 ws.dispatch.tile <= 16,
             )
             .unwrap()
-        })
-        .into(),
-    );
+        });
+        set_fp4_stream(true);
+        stages.insert(name.into(), t.into());
+    }
     stages.insert(
         "shared_gate_gemm".into(),
         stage(&mut || {
@@ -168,6 +193,31 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         .into(),
     );
     println!("  stages (ms, each alone): {}", serde_json::Value::Object(stages.clone()));
+    // Each routed GEMM stage against its weight bytes (the experts this input touches).
+    let (eb, esb) = w.routed.format.bytes(i, d);
+    let expert_bytes = (eb + esb) as f64;
+    let ids = s.download(&ws.routed.ids).unwrap();
+    let mut seen = vec![false; e];
+    ids.iter().filter(|v| **v >= 0).for_each(|v| seen[*v as usize] = true);
+    let stage_bytes = seen.iter().filter(|v| **v).count() as f64 * expert_bytes;
+    let mut gemm_floor = serde_json::Map::new();
+    for (name, v) in &stages {
+        if name.starts_with("routed_") {
+            let t = v.as_f64().unwrap();
+            let f = stage_bytes / BYTES_PER_S * 1e3 / t;
+            println!("  {name:<36} {t:.4} ms  {:.1} MB  achieved/byte floor {f:.3}", stage_bytes / 1e6);
+            gemm_floor.insert(name.clone(), f.into());
+        }
+    }
+    println!("  routed GEMM kernels: gate/up {}, down {}", kernels_on.0, kernels_on.1);
+    if let Some(off) = ms_off {
+        println!(
+            "  layer with the one-item-a-block FP4 kernels ({}, {}): {off:.4} ms; streaming: {ms:.4} ms ({:.2}x)",
+            kernels_off.0,
+            kernels_off.1,
+            off / ms
+        );
+    }
     let bytes = w.bytes_read(active.round() as u32) as f64;
     let flops = 2.0 * tokens as f64 * ((k + 1) as f64 * 3.0 * (d * i) as f64 + (e * d) as f64);
     let (byte_ms, flop_ms) = (bytes / BYTES_PER_S * 1e3, flops / BF16_FLOP_PER_S * 1e3);
@@ -185,7 +235,11 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         "routed_format": format!("{:?}", w.routed.format), "shared_format": "Fp8Block128", "experts_touched": active,
         "weight_bytes": bytes, "flops": flops, "median_ms": ms, "byte_floor_ms": byte_ms, "flop_floor_ms": flop_ms,
         "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
-        "inputs_rotated": inputs, "forwards_per_batch": batch, "stages_ms": stages})
+        "inputs_rotated": inputs, "forwards_per_batch": batch, "stages_ms": stages,
+        "routed_gemm_stage_achieved_over_byte_floor": gemm_floor,
+        "routed_gemm_kernels": {"gate_up": kernels_on.0, "down": kernels_on.1},
+        "median_ms_one_item_a_block_fp4": ms_off,
+        "routed_gemm_kernels_one_item_a_block": {"gate_up": kernels_off.0, "down": kernels_off.1}})
 }
 
 fn main() {
@@ -208,7 +262,12 @@ fn main() {
     s.synchronize().unwrap();
     println!("gpu_moe: random V4-Flash MoE weights made in {:.1} s", t0.elapsed().as_secs_f64());
     let mut rng = SplitMix(7);
-    let results: Vec<_> = [1u32, 64, 4096].into_iter().map(|t| case(&s, &w, t, &mut rng)).collect();
+    // DEEPINFER_MOE_TOKENS (comma-separated) runs only those batch sizes (profiling one case).
+    let sizes: Vec<u32> = match std::env::var("DEEPINFER_MOE_TOKENS") {
+        Ok(v) => v.split(',').map(|t| t.trim().parse().expect("DEEPINFER_MOE_TOKENS: token counts")).collect(),
+        Err(_) => vec![1, 64, 4096],
+    };
+    let results: Vec<_> = sizes.into_iter().map(|t| case(&s, &w, t, &mut rng)).collect();
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
     let doc = serde_json::json!({
         "bench": "moe gpu_moe",

@@ -13,8 +13,8 @@
 //!   to a few elements per thousand; 2e-2 bounds that with room.
 
 use deepinfer_kernels_ffi::moe::{self as mops, MoeShape, RouteBy};
-use deepinfer_kernels_ffi::ops::WeightFormat;
-use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
+use deepinfer_kernels_ffi::ops::{set_fp4_stream, WeightFormat};
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
 use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
 use half::bf16;
@@ -183,6 +183,10 @@ fn gpu_moe_layer_matches_cpu() {
         (64, 64, 6, 512, 256, WeightFormat::Fp8Block128, false, false),
         (23, 64, 6, 256, 256, WeightFormat::Fp4Row32, true, true),
         (130, 8, 8, 128, 128, WeightFormat::Fp8Block128, true, true),
+        // Enough (chunk, 16-row tile) items for the streaming FP4 decode kernel on a large GPU
+        // (chunks of 8 and of 16 rows); each runs with the kernel switch on and off.
+        (64, 128, 6, 1024, 512, WeightFormat::Fp4Row32, false, false),
+        (96, 32, 6, 1024, 1024, WeightFormat::Fp4Row32, true, false),
     ];
     for (tokens, experts, top_k, dim, inter, routed, shared, hash) in cases {
         let spec = RandomMoe {
@@ -195,6 +199,17 @@ fn gpu_moe_layer_matches_cpu() {
             hash_vocab: hash.then_some(97),
             seed: rng.next_u64(),
         };
-        check_layer(&s, spec, tokens, &mut rng);
+        let d = mops::MoeDispatch::new(&s, MoeShape { tokens, experts, top_k }).unwrap();
+        let kernels = || {
+            let gate = mops::gemm_grouped_cuda_kernel(&s, routed, &d, inter, dim, true)?;
+            let down = mops::gemm_grouped_cuda_kernel(&s, routed, &d, dim, inter, d.tile <= 16)?;
+            Some(Box::leak(format!("gate/up {gate}, down {down}").into_boxed_str()) as &'static str)
+        };
+        for (on, k) in switch_kernels(set_fp4_stream, kernels) {
+            set_fp4_stream(on);
+            println!("case tokens={tokens} experts={experts} dim={dim} inter={inter}: {k}");
+            check_layer(&s, spec, tokens, &mut rng);
+        }
+        set_fp4_stream(true);
     }
 }

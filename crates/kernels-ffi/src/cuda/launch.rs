@@ -153,6 +153,40 @@ pub(crate) fn uses_fp4_mma_decode(format: crate::ops::WeightFormat, rows: u32, n
         && crate::ops::fp8_mma_decode()
 }
 
+/// The kernel a grouped (MoE) GEMM over chunks of `tile` rows (at most `capacity`) launches.
+pub(crate) fn gemm_grouped_kernel(
+    format: crate::ops::WeightFormat,
+    tile: u32,
+    capacity: u32,
+    p: &crate::params::GemmParams,
+    sm_count: u32,
+) -> String {
+    if uses_fp4_mma_decode(format, tile, p.n, p.k, p.quantize_x != 0) {
+        let stream = fp4q_stream_grid(Some(capacity as u64 * (p.n / 16) as u64), sm_count).is_some();
+        return format!("di_gemm_fp4q_{}n{}", if stream { "stream_" } else { "" }, if tile <= 8 { 8 } else { 16 });
+    }
+    let f = match format {
+        crate::ops::WeightFormat::Fp8Block128 => "fp8",
+        crate::ops::WeightFormat::Fp4Row32 => "fp4",
+    };
+    format!("di_gemm_{f}_{}", tc_kernel_suffix(tile))
+}
+
+/// Dynamic shared memory of `di_gemm_fp4q_stream_n*`: 8 warps, each a ring of 8 stages of 16 rows
+/// x 80 bytes (the static_assert next to the kernel).
+const FP4Q_STREAM_SMEM: u32 = 8 * 8 * 16 * 80;
+
+/// The grid of the streaming grouped FP4 decode kernel (`di_gemm_fp4q_stream_n*`: warps owning
+/// whole (chunk, 16-row tile) items, two blocks of 8 warps an SM), or `None` for the one-item-a-block
+/// kernel: dense jobs, the switch [`crate::ops::set_fp4_stream`] off, or fewer items (at most
+/// `items` = chunk capacity x n / 16) than warps in the grid, where warps splitting k keep more
+/// bytes in flight.
+pub(crate) fn fp4q_stream_grid(items: Option<u64>, sm_count: u32) -> Option<u32> {
+    let warps = sm_count as u64 * 16;
+    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= warps)?;
+    Some(items.div_ceil(8).min(sm_count as u64 * 2) as u32)
+}
+
 /// The first `rows` rows of x [.., k] (k % 128 == 0; the caller checked x holds them) as e4m3 bytes
 /// and one power-of-two scale per 1x128 block (`di_quantize_x_e4m3`, the official activation
 /// quantisation), for the FP8-activation decode GEMMs later on the same stream.
@@ -202,14 +236,24 @@ fn gemm_fp4q_launch(
     if grid_z > 65535 {
         return Err(crate::FfiError::shape("gemm", "m", format!("{grid_z} chunks exceed one launch")));
     }
-    let name = format!("di_gemm_fp4q_n{}", if tile <= 8 { 8 } else { 16 });
-    let f = be.function("gemm", &name)?;
+    let items = matches!(jobs, TcJobs::Grouped { .. }).then_some(grid_z as u64 * (p.n / 16) as u64);
+    let stream_grid = fp4q_stream_grid(items, be.sm_count());
+    let name = format!(
+        "di_gemm_fp4q_{}n{}",
+        if stream_grid.is_some() { "stream_" } else { "" },
+        if tile <= 8 { 8 } else { 16 }
+    );
+    let smem = if stream_grid.is_some() { FP4Q_STREAM_SMEM } else { 0 };
+    let f = be.function_with_smem("gemm", &name, smem)?;
     // Chunks in flight a warp: D in di_gemm_fp4q_n{8,16}.
     let kw = warps_per_tile(p.k, if tile <= 8 { 4 } else { 2 });
     let cfg = LaunchConfig {
-        grid_dim: ((p.n / 16).div_ceil(8 / kw), 1, grid_z),
+        grid_dim: match stream_grid {
+            Some(blocks) => (blocks, 1, 1),
+            None => ((p.n / 16).div_ceil(8 / kw), 1, grid_z),
+        },
         block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: smem,
     };
     let (g, gdiv) = match gather {
         Some((b, div)) => (Some(b), div),
@@ -228,7 +272,10 @@ fn gemm_fp4q_launch(
         Some(gb) => b.arg(gb.cuda()),
         None => b.arg(&none),
     };
-    b.arg(&gdiv).arg(w.cuda()).arg(scale.cuda()).arg(y.cuda_mut()).arg(p).arg(&kw);
+    b.arg(&gdiv).arg(w.cuda()).arg(scale.cuda()).arg(y.cuda_mut()).arg(p);
+    if stream_grid.is_none() {
+        b.arg(&kw);
+    }
     match chunks {
         Some(c) => b.arg(c.cuda()),
         None => b.arg(&none),
@@ -239,9 +286,10 @@ fn gemm_fp4q_launch(
     };
     b.arg(&w_stride).arg(&s_stride);
     // SAFETY: matches di_gemm_fp4q_n{8,16} (xq, sx, gather, gather_div, w, s, y, params, kw, chunks,
-    // num_chunks, w_stride, s_stride); null gather / chunks pass as 0 (dense rows 0..m, m <= 16);
-    // grouped jobs name experts, rows and gathered pairs inside the checked buffers (as for the
-    // other grouped kernels); n % 16 == 0, k % 128 == 0; tiles past n do nothing.
+    // num_chunks, w_stride, s_stride) and di_gemm_fp4q_stream_n{8,16} (the same without kw); null
+    // gather / chunks pass as 0 (dense rows 0..m, m <= 16); grouped jobs name experts, rows and
+    // gathered pairs inside the checked buffers (as for the other grouped kernels); n % 16 == 0, k %
+    // 128 == 0; tiles past n, and stream items past num_chunks * n / 16, do nothing.
     unsafe { b.launch(cfg) }?;
     Ok(())
 }
@@ -691,6 +739,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The streaming grouped FP4 kernel runs only for grouped jobs with at least a full grid of warps'
+    /// worth of items; its grid never exceeds two blocks an SM, nor the blocks the items can use;
+    /// and the name a grouped GEMM reports follows the same rule.
+    #[test]
+    fn fp4_stream_grid_and_grouped_names_follow_the_item_count() {
+        use crate::ops::WeightFormat::{Fp4Row32, Fp8Block128};
+        assert_eq!(fp4q_stream_grid(None, 132), None);
+        assert_eq!(fp4q_stream_grid(Some(132 * 16 - 1), 132), None);
+        assert_eq!(fp4q_stream_grid(Some(132 * 16), 132), Some(132 * 2));
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132), Some(264));
+        assert_eq!(fp4q_stream_grid(Some(15), 1), None, "fewer items than one SM's 16 warps");
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 1), Some(2));
+        // The V4-Flash 64-token decode (304 chunks of 8 rows; gate n = 2048, down n = 4096).
+        let gate = crate::params::GemmParams::new(384, 2048, 4096, true);
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132), "di_gemm_fp4q_stream_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 16, 304, &gate, 132), "di_gemm_fp4q_stream_n16");
+        // One token (6 chunks): one item a block.
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 6, &gate, 132), "di_gemm_fp4q_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 128, 40, &gate, 132), "di_gemm_fp4_tile128");
+        assert_eq!(gemm_grouped_kernel(Fp8Block128, 8, 304, &gate, 132), "di_gemm_fp8_tc_m8");
     }
 
     #[test]
