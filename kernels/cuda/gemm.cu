@@ -846,6 +846,31 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_
     if (lane == 0) sx[c] = s;
 }
 
+// The same rounding (x / s to e4m3, s per 1x128 block) stored as f16 values for the FP4 decode
+// kernels' f16 MMAs, each run of 8 values (positions 8u..8u+7 of a block) in their k-slot order:
+// x0 x4 x1 x5 x2 x6 x3 x7 (fp4x8_to_f16_lo14's pairing). xh [rows, k] f16, sx as above.
+extern "C" __global__ void __launch_bounds__(256) di_quantize_x_f16p(const __nv_bfloat16* __restrict__ x,
+                                                                    __half* __restrict__ xh, float* __restrict__ sx,
+                                                                    uint32_t rows, uint32_t k) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (c >= rows * (k / 128)) return;
+    float v[4];
+    size_t at;
+    const float s = block_values(x, k, c, lane, v, at);
+    __half q[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        q[i] = __half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3), __NV_E4M3));
+    // Lane 2u holds x0..x3 of run u, lane 2u+1 x4..x7; each writes half the run's 8 slots.
+    const bool odd = lane & 1;
+    const __half r0 = __shfl_xor_sync(0xffffffffu, odd ? q[0] : q[2], 1);
+    const __half r1 = __shfl_xor_sync(0xffffffffu, odd ? q[1] : q[3], 1);
+    const __half out[4] = {odd ? r0 : q[0], odd ? q[2] : r0, odd ? r1 : q[1], odd ? q[3] : r1};
+    *reinterpret_cast<uint2*>(xh + at) = *reinterpret_cast<const uint2*>(out);
+    if (lane == 0) sx[c] = s;
+}
+
 // kw: warps per 16-row tile (1, 2, 4 or 8; the launcher picks it so each warp has about D chunks).
 extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_n8(const uint8_t* xq, const float* sx,
                                                                     const uint8_t* w, const uint8_t* s,
@@ -873,18 +898,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_packed_n16(con
 
 // ---------------------------------------------------------------------------------------------
 // Decode GEMMs with FP4 weights and FP8 activations on the matrix units (m <= 16 rows a job, k %
-// 128 == 0, n % 16 == 0, activation quantisation): x comes as e4m3 bytes with 1x128 scales
-// (di_quantize_x_e4m3). Both operands become f16 (exact for every e2m1 and e4m3 value) and mma.sync
-// m16n8k16 multiplies them: on sm_90 an e4m3 mma.sync is itself expanded by the compiler into f16
-// conversions of both fragments and f16 MMAs (about 13 extra instructions an MMA), while an e2m1
-// code becomes an f16 in two bit operations (below) and x pairs in one conversion. The two MMAs of
-// a 32-wide FP4 scale group share one fp32 result, scaled by that group's row scales before it
-// joins the chunk's sum, which is scaled by the token's 1x128 scale. A lane (g, t) reads, for each
-// of the 4 groups j of a 128-wide chunk, the 4 bytes (8 values v0..v7) at 16j + 4t of rows g and
-// g+8 and the 8 bytes of x at 32j + 8t; its k slots hold the value pairs (v0, v4), (v1, v5) in the
-// first MMA and (v2, v6), (v3, v7) in the second, x paired alike by byte permutes. Jobs: rows 0..m
-// of x (dense) or MoE chunks (expert, first permuted row, rows) with x rows through the gather, as
-// the other grouped kernels.
+// 128 == 0, n % 16 == 0, activation quantisation): x comes rounded to e4m3 with 1x128 scales, stored
+// as f16 values in k-slot order (di_quantize_x_f16p). The weights become f16 too (exact for every
+// e2m1 value) and mma.sync m16n8k16 multiplies them: on sm_90 an e4m3 mma.sync is itself expanded
+// by the compiler into f16 conversions of both fragments and f16 MMAs (about 13 extra instructions
+// an MMA), while an e2m1 code becomes an f16 in two bit operations (below). The two MMAs of a
+// 32-wide FP4 scale group share one fp32 result, scaled by that group's row scales before it joins
+// the chunk's sum, which is scaled by the token's 1x128 scale. A lane (g, t) reads, for each of the
+// 4 groups j of a 128-wide chunk, the 4 bytes (8 values v0..v7) at 16j + 4t of rows g and g+8 and
+// the 8 x values of positions 32j + 8t..; its k slots hold the value pairs (v0, v4), (v1, v5) in
+// the first MMA and (v2, v6), (v3, v7) in the second, the order x is stored in. Jobs: rows 0..m of
+// x (dense) or MoE chunks (expert, first permuted row, rows) with x rows through the gather, as the
+// other grouped kernels.
 namespace {
 
 // Eight e2m1 codes (low nibble first) -> their values times 2^-14 as four f16 pairs: (v0, v4),
@@ -902,20 +927,21 @@ constexpr float FP4Q_UNDO = 16384.f;  // 2^14: multiplies the token scales
 // One 128-wide chunk of a 16-row tile: `cur` holds this lane's 4 words of rows g and g+8 and their
 // 4 group scales each (the fetch layout below), xs the tokens' 1x128 scales for this chunk times
 // FP4Q_UNDO (columns 2t, 2t+1 of each 8-column operand). Adds the chunk's products to acc.
-// This lane's x bytes of chunk c for each 8-column operand: 8 bytes of each group j at 32j, from
-// xrow[nt] (its token row's bytes 8t.. of chunk 0).
+// This lane's x values of chunk c for each 8-column operand (di_quantize_x_f16p's f16 rows): the 8
+// of each group j (16 bytes at 64j), from xrow[nt] (its token row's values 8t.. of chunk 0), as the
+// four f16 pairs the two MMAs of a group take.
 template <int NT>
-__device__ __forceinline__ void fp4q_load_x(const uint8_t* const (&xrow)[NT], uint32_t c, uint2 (&xv)[NT][4]) {
+__device__ __forceinline__ void fp4q_load_x(const uint8_t* const (&xrow)[NT], uint32_t c, uint4 (&xv)[NT][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            xv[nt][j] = __ldg(reinterpret_cast<const uint2*>(xrow[nt] + static_cast<size_t>(c) * 128 + 32 * j));
+            xv[nt][j] = __ldg(reinterpret_cast<const uint4*>(xrow[nt] + static_cast<size_t>(c) * 256 + 64 * j));
 }
 
-// xv: this lane's x bytes of the chunk (fp4q_load_x).
+// xv: this lane's x values of the chunk (fp4q_load_x).
 template <int NT>
-__device__ __forceinline__ void fp4q_chunk_x(const uint32_t (&cur)[10], const uint2 (&xv)[NT][4],
+__device__ __forceinline__ void fp4q_chunk_x(const uint32_t (&cur)[10], const uint4 (&xv)[NT][4],
                                              const float (&xs)[NT][2], float (&acc)[NT][4]) {
     float part[NT][4];
 #pragma unroll
@@ -933,11 +959,9 @@ __device__ __forceinline__ void fp4q_chunk_x(const uint32_t (&cur)[10], const ui
         const float swh = e8m0(static_cast<uint8_t>(cur[9] >> (8 * j)));
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            const uint2 b = xv[nt][j];
-            const uint32_t p0 = __byte_perm(b.x, b.y, 0x5140), p1 = __byte_perm(b.x, b.y, 0x7362);
             float pt[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_f16(pt, a0, e4m3x2_to_f16x2(static_cast<uint16_t>(p0)), e4m3x2_to_f16x2(static_cast<uint16_t>(p0 >> 16)));
-            mma_f16(pt, a1, e4m3x2_to_f16x2(static_cast<uint16_t>(p1)), e4m3x2_to_f16x2(static_cast<uint16_t>(p1 >> 16)));
+            mma_f16(pt, a0, xv[nt][j].x, xv[nt][j].y);
+            mma_f16(pt, a1, xv[nt][j].z, xv[nt][j].w);
             part[nt][0] = fmaf(pt[0], swg, part[nt][0]);
             part[nt][1] = fmaf(pt[1], swg, part[nt][1]);
             part[nt][2] = fmaf(pt[2], swh, part[nt][2]);
@@ -976,7 +1000,7 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
     const float* srow[NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        xrow[nt] = xq + static_cast<size_t>(rows.src(min(nt * 8 + g, rows.m - 1))) * p.k + 8 * t;
+        xrow[nt] = xq + static_cast<size_t>(rows.src(min(nt * 8 + g, rows.m - 1))) * p.k * 2 + 16 * t;
 #pragma unroll
         for (int e = 0; e < 2; ++e) srow[nt][e] = sx + static_cast<size_t>(rows.src(min(nt * 8 + 2 * t + e, rows.m - 1))) * kc;
     }
@@ -1013,7 +1037,7 @@ __device__ void gemm_fp4q(const uint8_t* __restrict__ xq, const float* __restric
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) xs[nt][e] = FP4Q_UNDO * srow[nt][e][c];
-                uint2 xv[NT][4];
+                uint4 xv[NT][4];
                 fp4q_load_x<NT>(xrow, c, xv);
                 fp4q_chunk_x<NT>(cur, xv, xs, acc);
             }
@@ -1138,13 +1162,14 @@ __device__ void gemm_fp4q_stream(const uint8_t* __restrict__ xq, const float* __
         const Rows rows{gather, gather_div, row0, m};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            xrow[nt] = xq + static_cast<size_t>(rows.src(min(nt * 8 + g, m - 1))) * p.k + 8 * t;
+            xrow[nt] = xq + static_cast<size_t>(rows.src(min(nt * 8 + g, m - 1))) * p.k * 2 + 16 * t;
 #pragma unroll
             for (int e = 0; e < 2; ++e) srow[nt][e] = sx + static_cast<size_t>(rows.src(min(nt * 8 + 2 * t + e, m - 1))) * kc;
         }
     };
-    // x bytes and scales of the next step's chunk, loaded a step ahead within an item.
-    uint2 xv[NT][4];
+    // x values and scales of a step's chunk, loaded a step ahead within an item (after the
+    // previous step's MMAs have read the buffer).
+    uint4 xv[NT][4];
     float xs[NT][2];
     auto load_x = [&](uint32_t c) {
         fp4q_load_x<NT>(xrow, c, xv);
@@ -1180,18 +1205,8 @@ __device__ void gemm_fp4q_stream(const uint8_t* __restrict__ xq, const float* __
                 cur[9] = sc[sl][1];
                 __syncwarp();  // every lane has read the stage: refill it with the chunk D steps ahead
                 fetch(sl);
-                const uint2 (&xc)[NT][4] = xv;
-                uint2 xnow[NT][4];
-                float snow[NT][2];
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) xnow[nt][j] = xc[nt][j];
-                    snow[nt][0] = xs[nt][0];
-                    snow[nt][1] = xs[nt][1];
-                }
+                fp4q_chunk_x<NT>(cur, xv, xs, acc);
                 if (c_c + 1 < kc) load_x(c_c + 1);  // the next chunk of this item
-                fp4q_chunk_x<NT>(cur, xnow, snow, acc);
                 if (++c_c == kc) {  // the item is summed: rows tile*16 + g (+8), columns 2t (+1) of each operand
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
@@ -1217,13 +1232,14 @@ __device__ void gemm_fp4q_stream(const uint8_t* __restrict__ xq, const float* __
 }  // namespace
 
 // Arguments as di_gemm_fp4q_n*, without kw; a persistent grid (the launcher sizes it to the GPU).
-#define DI_GEMM_FP4Q_STREAM(NAME, NT, D)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                                 \
+// MINB: resident blocks an SM the registers must allow (16 columns need more registers than 128).
+#define DI_GEMM_FP4Q_STREAM(NAME, NT, D, MINB)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                              \
         const uint8_t* xq, const float* sx, const int32_t* gather, uint32_t gather_div, const uint8_t* w,        \
         const uint8_t* s, __nv_bfloat16* y, DiGemmParams p, const int4* chunks, const int32_t* num_chunks,     \
         uint64_t w_stride, uint64_t s_stride) {                                                                \
         gemm_fp4q_stream<NT, D>(xq, sx, gather, gather_div, w, s, y, p, chunks, num_chunks, w_stride, s_stride); \
     }
-DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n8, 1, 8)
-DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n16, 2, 8)
+DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n8, 1, 8, 2)
+DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n16, 2, 8, 1)
 static_assert(8 * 8 * FP4Q_STAGE == 81920, "launch.rs FP4Q_STREAM_SMEM");

@@ -162,7 +162,7 @@ pub(crate) fn gemm_grouped_kernel(
     sm_count: u32,
 ) -> String {
     if uses_fp4_mma_decode(format, tile, p.n, p.k, p.quantize_x != 0) {
-        let stream = fp4q_stream_grid(Some(capacity as u64 * (p.n / 16) as u64), sm_count).is_some();
+        let stream = fp4q_stream_grid(Some(capacity as u64 * (p.n / 16) as u64), sm_count, tile).is_some();
         return format!("di_gemm_fp4q_{}n{}", if stream { "stream_" } else { "" }, if tile <= 8 { 8 } else { 16 });
     }
     let f = match format {
@@ -177,14 +177,14 @@ pub(crate) fn gemm_grouped_kernel(
 const FP4Q_STREAM_SMEM: u32 = 8 * 8 * 16 * 80;
 
 /// The grid of the streaming grouped FP4 decode kernel (`di_gemm_fp4q_stream_n*`: warps owning
-/// whole (chunk, 16-row tile) items, two blocks of 8 warps an SM), or `None` for the one-item-a-block
-/// kernel: dense jobs, the switch [`crate::ops::set_fp4_stream`] off, or fewer items (at most
-/// `items` = chunk capacity x n / 16) than warps in the grid, where warps splitting k keep more
-/// bytes in flight.
-pub(crate) fn fp4q_stream_grid(items: Option<u64>, sm_count: u32) -> Option<u32> {
-    let warps = sm_count as u64 * 16;
-    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= warps)?;
-    Some(items.div_ceil(8).min(sm_count as u64 * 2) as u32)
+/// whole (chunk, 16-row tile) items, blocks of 8 warps, two an SM for chunks of up to 8 rows and
+/// one for 16, whose registers allow no more), or `None` for the one-item-a-block kernel: dense
+/// jobs, the switch [`crate::ops::set_fp4_stream`] off, or fewer items (at most `items` = chunk
+/// capacity x n / 16) than warps in the grid, where warps splitting k keep more bytes in flight.
+pub(crate) fn fp4q_stream_grid(items: Option<u64>, sm_count: u32, tile: u32) -> Option<u32> {
+    let blocks = sm_count as u64 * if tile <= 8 { 2 } else { 1 };
+    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= blocks * 8)?;
+    Some(items.div_ceil(8).min(blocks) as u32)
 }
 
 /// The first `rows` rows of x [.., k] (k % 128 == 0; the caller checked x holds them) as e4m3 bytes
@@ -211,6 +211,29 @@ pub(crate) fn quantize_x_e4m3(
     Ok((xq, sx))
 }
 
+/// Every row of x [rows, k] rounded as [`quantize_x_e4m3`] does, stored as f16 values in the FP4
+/// decode kernels' k-slot order (`di_quantize_x_f16p`), and the 1x128 scales.
+fn quantize_x_f16p(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    rows: u32,
+    k: u32,
+) -> Result<(cudarc::driver::CudaSlice<half::f16>, cudarc::driver::CudaSlice<f32>)> {
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
+    // SAFETY: uninitialised; di_quantize_x_f16p writes every value of rows * k and every scale of
+    // rows * k / 128 before the GEMM (same stream) reads them.
+    let mut xh = unsafe { s.alloc::<half::f16>(rows as usize * k as usize) }?;
+    let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
+    let blocks = u32::try_from((rows as u64 * (k / 128) as u64).div_ceil(8))
+        .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
+    let q = backend(stream).function("gemm", "di_quantize_x_f16p")?;
+    let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: di_quantize_x_f16p takes (x, xh, sx, rows, k); x holds at least rows * k bf16, xh rows
+    // * k f16, sx rows * k / 128 floats; k % 128 == 0; warps past rows * k / 128 return.
+    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xh).arg(&mut sx).arg(&rows).arg(&k).launch(qc) }?;
+    Ok((xh, sx))
+}
+
 /// The FP4 x FP8 decode GEMM, dense (rows 0..m, m <= 16) or over MoE chunks (up to 16 rows each,
 /// x rows through the gather): x quantised to e4m3 bytes and 1x128 scales (every x row, once),
 /// then a block per 8 / kw tiles of 16 outputs per job. The caller checked every length.
@@ -228,7 +251,7 @@ fn gemm_fp4q_launch(
     let s = stream.cuda_stream("gemm_lowp", "x")?;
     let be = backend(stream);
     // Every row of x: grouped jobs reach them through the gather.
-    let (xq, sx) = quantize_x_e4m3(stream, x, (x.len() / p.k as usize) as u32, p.k)?;
+    let (xq, sx) = quantize_x_f16p(stream, x, (x.len() / p.k as usize) as u32, p.k)?;
     let (tile, grid_z) = match &jobs {
         TcJobs::Dense => (p.m, 1),
         TcJobs::Grouped { tile, capacity, .. } => (*tile, *capacity),
@@ -237,7 +260,7 @@ fn gemm_fp4q_launch(
         return Err(crate::FfiError::shape("gemm", "m", format!("{grid_z} chunks exceed one launch")));
     }
     let items = matches!(jobs, TcJobs::Grouped { .. }).then_some(grid_z as u64 * (p.n / 16) as u64);
-    let stream_grid = fp4q_stream_grid(items, be.sm_count());
+    let stream_grid = fp4q_stream_grid(items, be.sm_count(), tile);
     let name = format!(
         "di_gemm_fp4q_{}n{}",
         if stream_grid.is_some() { "stream_" } else { "" },
@@ -747,12 +770,14 @@ mod tests {
     #[test]
     fn fp4_stream_grid_and_grouped_names_follow_the_item_count() {
         use crate::ops::WeightFormat::{Fp4Row32, Fp8Block128};
-        assert_eq!(fp4q_stream_grid(None, 132), None);
-        assert_eq!(fp4q_stream_grid(Some(132 * 16 - 1), 132), None);
-        assert_eq!(fp4q_stream_grid(Some(132 * 16), 132), Some(132 * 2));
-        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132), Some(264));
-        assert_eq!(fp4q_stream_grid(Some(15), 1), None, "fewer items than one SM's 16 warps");
-        assert_eq!(fp4q_stream_grid(Some(1 << 20), 1), Some(2));
+        assert_eq!(fp4q_stream_grid(None, 132, 8), None);
+        assert_eq!(fp4q_stream_grid(Some(132 * 16 - 1), 132, 8), None);
+        assert_eq!(fp4q_stream_grid(Some(132 * 16), 132, 8), Some(132 * 2));
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132, 8), Some(264));
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132, 16), Some(132), "one 16-column block an SM");
+        assert_eq!(fp4q_stream_grid(Some(132 * 8), 132, 16), Some(132));
+        assert_eq!(fp4q_stream_grid(Some(15), 1, 8), None, "fewer items than one SM's 16 warps");
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 1, 8), Some(2));
         // The V4-Flash 64-token decode (304 chunks of 8 rows; gate n = 2048, down n = 4096).
         let gate = crate::params::GemmParams::new(384, 2048, 4096, true);
         assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132), "di_gemm_fp4q_stream_n8");
