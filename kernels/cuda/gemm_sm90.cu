@@ -56,10 +56,13 @@ __device__ __forceinline__ void tile_coords(uint32_t t, uint32_t tiles_m, uint32
 // map_x: x as e4m3 bytes [m, k] (box 256 rows x 128, 128-byte swizzle); map_w: W bytes [n, k] (box 128
 // x 128); sx [m, k / 128] f32; sw [ceil(n / 128), k / 128] ue8m0; y [m, n]. k % 128 == 0,
 // n % 16 == 0. Rows past m and outputs past n are read as zeros (TMA fill) and not written.
+// splits > 1 (few tiles: batches of tens to hundreds of rows, where 256 x 128 tiles would leave
+// most SMs idle): item t is tile t % tiles over split t / tiles of the k blocks, and its fp32
+// sums go to partial[split][m][n] for di_gemm_splitk_reduce (split order: deterministic).
 extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
     di_gemm_fp8_wgmma(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,
                       const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
-                      uint32_t m, uint32_t n, uint32_t k) {
+                      float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k, uint32_t splits) {
 #if DI_SM90
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -72,6 +75,13 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
     const uint32_t tiles_n = (n + BN - 1) / BN;
     const uint32_t tiles_m = (m + BM - 1) / BM;
     const uint32_t tiles = tiles_n * tiles_m;
+    const uint32_t items = tiles * splits, per_split = (nk + splits - 1) / splits;
+    // Item t: its tile and its k blocks [kb0, kb1) (empty for splits past the end of k).
+    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) {
+        tile_coords(t % tiles, tiles_m, tiles_n, mt, nt);
+        kb0 = min(t / tiles * per_split, nk);
+        kb1 = min(kb0 + per_split, nk);
+    };
     const int wg = threadIdx.x / 128;
     ring_init(full, empty, STAGES, 8);  // empty: lane 0 of each consumer warp
 
@@ -81,11 +91,11 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
         tma_prefetch_map(&map_x);
         tma_prefetch_map(&map_w);
         uint32_t it = 0;  // k blocks loaded so far: slot it % STAGES, pass it / STAGES
-        for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-            uint32_t mt, nt;
-            tile_coords(t, tiles_m, tiles_n, mt, nt);
+        for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
+            uint32_t mt, nt, kb0, kb1;
+            item(t, mt, nt, kb0, kb1);
             const int32_t m0 = static_cast<int32_t>(mt * BM), n0 = static_cast<int32_t>(nt * BN);
-            for (uint32_t kb = 0; kb < nk; ++kb, ++it) {
+            for (uint32_t kb = kb0; kb < kb1; ++kb, ++it) {
                 const uint32_t s = it % STAGES;
                 mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
                 mbar_arrive_expect_tx(&full[s], X_TILE + W_TILE);
@@ -100,9 +110,9 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
     const int cw = wg - 1;  // this warpgroup's 128 rows of the tile, as two halves of 64
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     uint32_t it = 0;
-    for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        uint32_t mt, nt;
-        tile_coords(t, tiles_m, tiles_n, mt, nt);
+    for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
+        uint32_t mt, nt, kb0, kb1;
+        item(t, mt, nt, kb0, kb1);
         const uint32_t m0 = mt * BM, n0 = nt * BN;
         // Accumulator layout: rows warp * 16 + lane / 4 (+ 8) of each 64-row half, columns
         // 8 j + 2 (lane % 4) (+ 1).
@@ -135,15 +145,16 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
                 acc[4 * j + 3] = fmaf(blk[4 * j + 3], f1, acc[4 * j + 3]);
             }
         };
-        for (uint32_t kb = 0; kb < nk; ++kb, ++it) {
+        for (uint32_t kb = kb0; kb < kb1; ++kb, ++it) {
             const uint32_t s = it % STAGES;
             const float sb = e8m0(swt[kb]);
             float f[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) f[i] = sxr[i][kb] * sb;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            half(acc0, s, 0, f[0], f[1]);
-            half(acc1, s, 1, f[2], f[3]);
+            // Halves wholly past m (batches of tens of rows) hold zeros: no MMAs for them.
+            if (m0 + cw * 128 < m) half(acc0, s, 0, f[0], f[1]);
+            if (m0 + cw * 128 + 64 < m) half(acc1, s, 1, f[2], f[3]);
             if (lane == 0) mbar_arrive(&empty[s]);
         }
         // Outputs through shared memory: the half's 64 x 128 bf16 into this warpgroup's staging
@@ -174,8 +185,28 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
                         *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
             }
         };
-        store(acc0, 0);
-        store(acc1, 1);
+        if (splits == 1) {
+            store(acc0, 0);
+            store(acc1, 1);
+        } else {
+            // This split's fp32 sums straight from the accumulators: rows as above, columns
+            // 8 j + 2 (lane % 4) (+ 1) of the tile.
+            float* part = partial + static_cast<size_t>(t / tiles) * m * n;
+            auto store_f32 = [&](const float(&acc)[64], uint32_t h) {
+#pragma unroll
+                for (int j = 0; j < 16; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const uint32_t row = m0 + cw * 128 + h * 64 + warp * 16 + lane / 4 + 8 * e;
+                        const uint32_t col = n0 + 8 * j + 2 * (lane % 4);
+                        if (row < m && col < n)
+                            *reinterpret_cast<float2*>(part + static_cast<size_t>(row) * n + col) =
+                                make_float2(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
+                    }
+            };
+            store_f32(acc0, 0);
+            store_f32(acc1, 1);
+        }
     }
 #else
     __trap();  // sm_90a only; the launcher never picks it elsewhere

@@ -165,7 +165,11 @@ fn gemm_case(
     let kernel = if packed {
         format!("di_gemm_fp8q_packed_n{}", if m <= 8 { 8 } else { 16 })
     } else {
-        ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default()
+        let name = ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default();
+        match ops::wgmma_k_splits(s, &p) {
+            Some(splits) if splits > 1 => format!("{name}/k{splits}"),
+            _ => name,
+        }
     };
     let (wb, sb) = f.bytes(n, k);
     let w: Vec<u8> = (0..wb).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(rng.next_u64())).collect();
@@ -340,6 +344,22 @@ fn main() {
                 results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Fp4Quantized));
                 ops::set_fp8_mma_decode(true);
             }
+        }
+    }
+    // Decode batches of 64 rows with FP8 weights (the dense projections at batch 64): the wgmma
+    // kernel, which splits k where its 256 x 128 tiles are fewer than the SMs, and (where it
+    // splits) the same shape with the split switched off.
+    for (f, what, n, k) in shapes.into_iter().filter(|s| s.0 == Fp8Block128) {
+        let m = 64;
+        if !wanted(&format!("gemm {what} m={m}")) {
+            continue;
+        }
+        results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
+        let p = GemmParams::new(m, n as u32, k as u32, true);
+        if ops::wgmma_k_splits(&s, &p).is_some_and(|splits| splits > 1) {
+            ops::set_wgmma_split_k(false);
+            results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
+            ops::set_wgmma_split_k(true);
         }
     }
     // Prefill-shaped FP8 GEMMs (4096 and 16384 tokens): the wgmma kernel (on an sm_90 GPU), then

@@ -319,6 +319,20 @@ pub fn fp4_stream() -> bool {
     FP4_STREAM.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static WGMMA_SPLIT_K: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether the Hopper FP8 wgmma GEMM splits k over blocks (fp32 partials added in split order by a
+/// second launch) when its 256 x 128 tiles are fewer than the SMs (the default), or leaves those
+/// SMs idle: a process-wide switch for A/B benchmarks; results agree within the GEMM tolerance.
+pub fn set_wgmma_split_k(on: bool) {
+    WGMMA_SPLIT_K.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_wgmma_split_k`] sets.
+pub fn wgmma_split_k() -> bool {
+    WGMMA_SPLIT_K.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static FP8_WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Whether FP8 GEMMs with activation quantisation use the Hopper wgmma kernels on an sm_90 GPU (the
@@ -332,6 +346,22 @@ pub fn set_fp8_wgmma(on: bool) {
 /// The switch [`set_fp8_wgmma`] sets.
 pub fn fp8_wgmma() -> bool {
     FP8_WGMMA.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The k splits of the Hopper wgmma GEMM (`di_gemm_fp8_wgmma`) for this shape on `stream`'s GPU;
+/// `None` where that kernel does not run (CPU, other GPUs, other shapes).
+pub fn wgmma_k_splits(stream: &Stream, p: &GemmParams) -> Option<u32> {
+    match stream.device() {
+        #[cfg(feature = "cuda")]
+        crate::device::Device::Cuda(b) => {
+            let kernel = gemm_lowp_cuda_kernel(stream, WeightFormat::Fp8Block128, p)?;
+            (kernel == "di_gemm_fp8_wgmma").then(|| crate::cuda::wgmma::gemm_wgmma_splits(p.m, p.n, p.k, b.sm_count()))
+        }
+        _ => {
+            let _ = p;
+            None
+        }
+    }
 }
 
 /// The CUDA entry point `gemm_lowp` launches for this shape on `stream`'s GPU; `None` on the CPU

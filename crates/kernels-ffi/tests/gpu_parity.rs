@@ -265,10 +265,19 @@ fn gpu_gemm_lowp_matches_cpu() {
     // FP8 weights with activation quantisation, m > 32, n % 16 == 0: on an sm_90 GPU the wgmma
     // kernel (di_gemm_fp8_wgmma): partial 128-row tiles in m and n (TMA zero fill), one k block
     // and more k blocks than ring stages, more tiles than SMs (the persistent loop), and the same
-    // shape with the kernel switched off (the tiled kernel) within the same tolerance.
-    for (m, n, k) in
-        [(33u32, 16usize, 128usize), (100, 400, 1024), (128, 128, 896), (300, 2064, 4096), (1000, 4096, 2048)]
-    {
+    // shape with the kernel switched off (the tiled kernel) within the same tolerance. Fewer tiles
+    // than SMs split k (fp32 partials, then the reduce): (100, 400, 1024) 4 splits, (128, 128, 896)
+    // 3 of 3, 3 and 1 k blocks, (64, 256, 1152) 4 with the last one empty, (64, 2048, 4096) the
+    // shared expert at 64 tokens; each also runs unsplit (the switch off) within the tolerance.
+    for (m, n, k) in [
+        (33u32, 16usize, 128usize),
+        (100, 400, 1024),
+        (128, 128, 896),
+        (64, 256, 1152),
+        (64, 2048, 4096),
+        (300, 2064, 4096),
+        (1000, 4096, 2048),
+    ] {
         let f = ops::WeightFormat::Fp8Block128;
         let x: Vec<bf16> = to(&rng.vec(m as usize * k));
         let (w, sc) = lowp_weights(&mut rng, f, n, k);
@@ -279,12 +288,17 @@ fn gpu_gemm_lowp_matches_cpu() {
         ops::set_fp8_wgmma(false);
         let tiled = gemm_on(&gpu, f, &x, &w, &sc, &p);
         ops::set_fp8_wgmma(true);
+        ops::set_wgmma_split_k(false);
+        let unsplit = gemm_on(&gpu, f, &x, &w, &sc, &p);
+        ops::set_wgmma_split_k(true);
         let (rel, max) = rel_err(&got, &want);
         let (rel_tiled, _) = rel_err(&tiled, &want);
+        let (rel_unsplit, _) = rel_err(&unsplit, &want);
         println!(
-            "parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tiled kernel {rel_tiled:.3e}; tol {BF16_TOL:.0e})"
+            "parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (k unsplit {rel_unsplit:.3e}, tiled kernel {rel_tiled:.3e}; tol {BF16_TOL:.0e})"
         );
         assert!(rel < BF16_TOL, "fp8 prefill m={m} n={n} k={k}: rel_err {rel:e}");
+        assert!(rel_unsplit < BF16_TOL, "fp8 prefill unsplit m={m} n={n} k={k}: rel_err {rel_unsplit:e}");
         assert!(rel_tiled < BF16_TOL, "fp8 tiled m={m} n={n} k={k}: rel_err {rel_tiled:e}");
     }
     // One row, FP8, k = 512 or 1024: the flat kernel (all loads issued up front, several rows a warp).

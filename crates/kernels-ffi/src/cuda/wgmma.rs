@@ -54,10 +54,27 @@ pub(crate) fn tma_map_bytes_128(ptr: sys::CUdeviceptr, rows: u64, cols: u64, box
     }
 }
 
-/// Blocks of the persistent wgmma GEMM: one per SM, no more than there are tiles.
-pub(crate) fn gemm_wgmma_grid(m: u32, n: u32, sm_count: u32) -> u32 {
-    let tiles = m.div_ceil(GEMM_WGMMA_TILE.0) as u64 * n.div_ceil(GEMM_WGMMA_TILE.1) as u64;
-    tiles.min(sm_count as u64).max(1) as u32
+/// Tiles of the wgmma GEMM for an [m, n] output.
+fn gemm_wgmma_tiles(m: u32, n: u32) -> u64 {
+    m.div_ceil(GEMM_WGMMA_TILE.0) as u64 * n.div_ceil(GEMM_WGMMA_TILE.1) as u64
+}
+
+/// Splits of k for the wgmma GEMM: 1 when the tiles fill the GPU; with fewer tiles than SMs
+/// (batches of tens to hundreds of rows), enough splits that tiles x splits about fill it, each
+/// split at least two 128-wide k blocks. On the H200 the 64-row shared-expert GEMM ran as 16
+/// blocks on 132 SMs without them.
+pub(crate) fn gemm_wgmma_splits(m: u32, n: u32, k: u32, sm_count: u32) -> u32 {
+    if !crate::ops::wgmma_split_k() {
+        return 1;
+    }
+    let tiles = gemm_wgmma_tiles(m, n);
+    let by_sms = (sm_count as u64 / tiles).max(1);
+    by_sms.min((k / 128 / 2).max(1) as u64) as u32
+}
+
+/// Blocks of the persistent wgmma GEMM: one per SM, no more than there are (tile, split) items.
+pub(crate) fn gemm_wgmma_grid(m: u32, n: u32, splits: u32, sm_count: u32) -> u32 {
+    (gemm_wgmma_tiles(m, n) * splits as u64).min(sm_count as u64).max(1) as u32
 }
 
 /// y = x · Wᵀ with FP8 weights on the wgmma kernel: x quantised to e4m3 bytes and 1x128 scales,
@@ -79,27 +96,38 @@ pub(crate) fn gemm_fp8_wgmma_launch(
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
     let map_x = tma_map_bytes_128(xq_ptr, p.m as u64, p.k as u64, GEMM_WGMMA_TILE.0)?;
     let map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, GEMM_WGMMA_TILE.1)?;
+    let splits = gemm_wgmma_splits(p.m, p.n, p.k, be.sm_count());
     let cfg = LaunchConfig {
-        grid_dim: (gemm_wgmma_grid(p.m, p.n, be.sm_count()), 1, 1),
+        grid_dim: (gemm_wgmma_grid(p.m, p.n, splits, be.sm_count()), 1, 1),
         block_dim: (GEMM_WGMMA_THREADS, 1, 1),
         shared_mem_bytes: GEMM_WGMMA_SMEM,
     };
-    // SAFETY: di_gemm_fp8_wgmma takes (map_x, map_w, sx, sw, y, m, n, k); the maps describe xq
-    // [m, k] and w [n, k] bytes, alive until the launch is queued (their sync guards) and freed in
-    // stream order after it; sx holds m * k / 128 scales, scale and y were checked by the op;
-    // k % 128 == 0 and n % 16 == 0 as the kernel requires; tiles past m and n are not written.
+    let mn = p.m as u64 * p.n as u64;
+    // SAFETY: uninitialised; with several splits the kernel writes every element of each split's
+    // [m, n] partial (zeros for a split with no k blocks) before the reduce, later on the stream.
+    let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * mn) as usize) }?) } else { None };
+    let none: u64 = 0;
+    // SAFETY: di_gemm_fp8_wgmma takes (map_x, map_w, sx, sw, y, partial, m, n, k, splits); the maps
+    // describe xq [m, k] and w [n, k] bytes, alive until the launch is queued (their sync guards)
+    // and freed in stream order after it; sx holds m * k / 128 scales, scale and y were checked by
+    // the op; partial holds splits * m * n floats when splits > 1 (unused otherwise); k % 128 == 0
+    // and n % 16 == 0 as the kernel requires; tiles past m and n are not written.
     unsafe {
-        s.launch_builder(&f)
-            .arg(&map_x)
-            .arg(&map_w)
-            .arg(&sx)
-            .arg(scale.cuda())
-            .arg(y.cuda_mut())
-            .arg(&p.m)
-            .arg(&p.n)
-            .arg(&p.k)
-            .launch(cfg)
+        let mut b = s.launch_builder(&f);
+        b.arg(&map_x).arg(&map_w).arg(&sx).arg(scale.cuda()).arg(y.cuda_mut());
+        match partial.as_mut() {
+            Some(pt) => b.arg(pt),
+            None => b.arg(&none),
+        };
+        b.arg(&p.m).arg(&p.n).arg(&p.k).arg(&splits).launch(cfg)
     }?;
+    if let Some(pt) = partial {
+        let r = be.function("gemm", "di_gemm_splitk_reduce")?;
+        let mn32 = u32::try_from(mn).map_err(|_| crate::FfiError::shape("gemm", "m", "m * n exceeds u32"))?;
+        let rc = LaunchConfig { grid_dim: (mn32.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: partial holds splits * mn floats and y mn bf16 (checked by the op).
+        unsafe { s.launch_builder(&r).arg(&pt).arg(y.cuda_mut()).arg(&mn32).arg(&splits).launch(rc) }?;
+    }
     Ok(())
 }
 
@@ -107,18 +135,44 @@ pub(crate) fn gemm_fp8_wgmma_launch(
 mod tests {
     use super::*;
 
-    /// One block per SM at most, never more blocks than 256 x 128 tiles, at least one.
+    /// One block per SM at most, never more blocks than 256 x 128 tiles times splits, at least one.
     #[test]
     fn wgmma_grid_covers_the_tiles_with_at_most_one_block_per_sm() {
-        assert_eq!(gemm_wgmma_grid(4096, 4096, 132), 132);
-        assert_eq!(gemm_wgmma_grid(33, 16, 132), 1);
-        assert_eq!(gemm_wgmma_grid(300, 2064, 132), 2 * 17);
-        assert_eq!(gemm_wgmma_grid(4096, 2048, 132), 132);
+        assert_eq!(gemm_wgmma_grid(4096, 4096, 1, 132), 132);
+        assert_eq!(gemm_wgmma_grid(33, 16, 1, 132), 1);
+        assert_eq!(gemm_wgmma_grid(300, 2064, 1, 132), 2 * 17);
+        assert_eq!(gemm_wgmma_grid(4096, 2048, 1, 132), 132);
+        assert_eq!(gemm_wgmma_grid(64, 2048, 8, 132), 128);
         for m in [1u32, 255, 256, 257, 5000] {
             for n in [16u32, 128, 144, 4096] {
-                let g = gemm_wgmma_grid(m, n, 132);
-                let tiles = m.div_ceil(256) * n.div_ceil(128);
-                assert!((1..=132).contains(&g) && g <= tiles, "m {m} n {n}: {g}");
+                for splits in [1u32, 3, 16] {
+                    let g = gemm_wgmma_grid(m, n, splits, 132);
+                    let items = m.div_ceil(256) * n.div_ceil(128) * splits;
+                    assert!((1..=132).contains(&g) && g <= items, "m {m} n {n} splits {splits}: {g}");
+                }
+            }
+        }
+    }
+
+    /// k splits only where the tiles leave SMs idle, each at least two k blocks, never more
+    /// items than about one wave.
+    #[test]
+    fn wgmma_splits_fill_the_gpu_when_tiles_are_few() {
+        assert_eq!(gemm_wgmma_splits(4096, 4096, 8192, 132), 1);
+        assert_eq!(gemm_wgmma_splits(64, 32768, 1024, 132), 1, "wq_b: 256 tiles");
+        assert_eq!(gemm_wgmma_splits(64, 2048, 4096, 132), 8, "shared expert w1: 16 tiles");
+        assert_eq!(gemm_wgmma_splits(64, 4096, 8192, 132), 4, "wo_b: 32 tiles");
+        assert_eq!(gemm_wgmma_splits(64, 1024, 4096, 132), 16, "wq_a: 8 tiles, 32 k blocks");
+        assert_eq!(gemm_wgmma_splits(64, 128, 512, 132), 2, "two k blocks a split at least");
+        assert_eq!(gemm_wgmma_splits(64, 128, 128, 132), 1);
+        for m in [33u32, 64, 200, 1000, 4096] {
+            for n in [16u32, 1024, 2048, 4096, 7168] {
+                for k in [128u32, 1024, 4096, 8192] {
+                    let s = gemm_wgmma_splits(m, n, k, 132);
+                    let tiles = gemm_wgmma_tiles(m, n);
+                    assert!(s >= 1 && s <= (k / 128).max(1), "m {m} n {n} k {k}: {s}");
+                    assert!(s == 1 || tiles * s as u64 <= 132, "m {m} n {n} k {k}: {s} splits of {tiles} tiles");
+                }
             }
         }
     }
