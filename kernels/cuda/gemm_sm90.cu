@@ -59,10 +59,15 @@ __device__ __forceinline__ void tile_coords(uint32_t t, uint32_t tiles_m, uint32
 // splits > 1 (few tiles: batches of tens to hundreds of rows, where 256 x 128 tiles would leave
 // most SMs idle): item t is tile t % tiles over split t / tiles of the k blocks, and its fp32
 // sums go to partial[split][m][n] for di_gemm_splitk_reduce (split order: deterministic).
-extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
-    di_gemm_fp8_wgmma(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,
-                      const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
-                      float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k, uint32_t splits) {
+// ROWS (di_gemm_fp8_wgmma_rows, batches under 256 rows): halves of a tile wholly past m hold zeros
+// and get no MMAs. A separate kernel: MMAs under a per-warpgroup test (or a second copy of the k
+// loop in one kernel) took per-thread descriptors and barrier addresses and slowed the 4096-row
+// GEMMs by ~10% on the H200.
+template <bool ROWS>
+__device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap& map_w, const float* __restrict__ sx,
+                                          const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
+                                          float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k,
+                                          uint32_t splits) {
 #if DI_SM90
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -152,9 +157,8 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 4; ++i) f[i] = sxr[i][kb] * sb;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            // Halves wholly past m (batches of tens of rows) hold zeros: no MMAs for them.
-            if (m0 + cw * 128 < m) half(acc0, s, 0, f[0], f[1]);
-            if (m0 + cw * 128 + 64 < m) half(acc1, s, 1, f[2], f[3]);
+            if (!ROWS || m0 + cw * 128 < m) half(acc0, s, 0, f[0], f[1]);
+            if (!ROWS || m0 + cw * 128 + 64 < m) half(acc1, s, 1, f[2], f[3]);
             if (lane == 0) mbar_arrive(&empty[s]);
         }
         // Outputs through shared memory: the half's 64 x 128 bf16 into this warpgroup's staging
@@ -212,6 +216,16 @@ extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)
     __trap();  // sm_90a only; the launcher never picks it elsewhere
 #endif
 }
+
+#define DI_GEMM_FP8_WGMMA(NAME, ROWS)                                                                        \
+    extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)                                        \
+        NAME(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,                 \
+             const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,    \
+             float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k, uint32_t splits) {             \
+        fp8_wgmma<ROWS>(map_x, map_w, sx, sw, y, partial, m, n, k, splits);                                  \
+    }
+DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma, false)
+DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma_rows, true)
 
 // ---------------------------------------------------------------------------------------------
 // Decode FP8 GEMM on wgmma with the operands swapped (m <= 16): y[t, r] = sum_k x[t, k] W[r, k].

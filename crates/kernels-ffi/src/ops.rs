@@ -348,14 +348,16 @@ pub fn fp8_wgmma() -> bool {
     FP8_WGMMA.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The k splits of the Hopper wgmma GEMM (`di_gemm_fp8_wgmma`) for this shape on `stream`'s GPU;
+/// The k splits of the Hopper wgmma GEMM (`di_gemm_fp8_wgmma*`) for this shape on `stream`'s GPU;
 /// `None` where that kernel does not run (CPU, other GPUs, other shapes).
 pub fn wgmma_k_splits(stream: &Stream, p: &GemmParams) -> Option<u32> {
     match stream.device() {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(b) => {
             let kernel = gemm_lowp_cuda_kernel(stream, WeightFormat::Fp8Block128, p)?;
-            (kernel == "di_gemm_fp8_wgmma").then(|| crate::cuda::wgmma::gemm_wgmma_splits(p.m, p.n, p.k, b.sm_count()))
+            kernel
+                .starts_with("di_gemm_fp8_wgmma")
+                .then(|| crate::cuda::wgmma::gemm_wgmma_splits(p.m, p.n, p.k, b.sm_count()))
         }
         _ => {
             let _ = p;

@@ -26,6 +26,26 @@ pub struct CudaBackend {
     sm_count: u32,
 }
 
+/// Ops allocate their scratch (quantised activations, split-k partials) with stream-ordered
+/// `cuMemAllocAsync` from the device's memory pool. By default the pool hands freed memory back to
+/// the driver at every synchronisation, so the next step's allocations map fresh pages: on the H200
+/// the 4096 x 2048 x 4096 FP8 GEMM op took 146 us around an 81 us kernel, with a sync every call (as
+/// an engine has every decode step). Keeping freed memory in the pool (release threshold:
+/// unlimited) makes those allocations reuse it.
+fn keep_freed_memory_pooled(ctx: &CudaContext) -> Result<()> {
+    // SAFETY: the device handle comes from a live context; the attribute takes a u64.
+    unsafe {
+        let pool = cudarc::driver::result::device::get_mem_pool(ctx.cu_device())?;
+        let mut threshold = u64::MAX;
+        cudarc::driver::result::mem_pool::set_attribute(
+            pool,
+            cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )?;
+    }
+    Ok(())
+}
+
 impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Arc<Self>> {
         libraries::require_driver()?;
@@ -34,6 +54,9 @@ impl CudaBackend {
             return Err(FfiError::NoSuchDevice { ordinal, count });
         }
         let ctx = CudaContext::new(ordinal)?;
+        if ctx.has_async_alloc() {
+            keep_freed_memory_pooled(&ctx)?;
+        }
         let stream = ctx.default_stream();
         let capability = ctx.compute_capability()?;
         let sm_count =

@@ -320,8 +320,9 @@ fn gemm_fp4q_launch(
 /// The Hopper wgmma FP8 x FP8 GEMM a dense GEMM runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HopperFp8 {
-    /// `di_gemm_fp8_wgmma`: more rows than the decode kernels take (m > 32).
-    Prefill,
+    /// `di_gemm_fp8_wgmma` (or its `_rows` form under 256 rows): more rows than the decode
+    /// kernels take (m > 32).
+    Prefill { m: u32 },
     /// `di_gemm_fp8_dec_n*`: up to 16 rows, W wide enough for its plan.
     Decode(super::wgmma::DecPlan),
 }
@@ -329,7 +330,7 @@ pub(crate) enum HopperFp8 {
 impl HopperFp8 {
     fn kernel(&self) -> String {
         match self {
-            HopperFp8::Prefill => "di_gemm_fp8_wgmma".into(),
+            HopperFp8::Prefill { m } => super::wgmma::gemm_wgmma_kernel(*m).into(),
             HopperFp8::Decode(plan) => plan.kernel(),
         }
     }
@@ -352,7 +353,7 @@ pub(crate) fn hopper_fp8(
         return None;
     }
     if m > 32 {
-        return Some(HopperFp8::Prefill);
+        return Some(HopperFp8::Prefill { m });
     }
     super::wgmma::dec_plan(m, n, k, sms).map(HopperFp8::Decode)
 }
@@ -634,7 +635,7 @@ pub(crate) fn gemm_lowp(
 ) -> Result<()> {
     let be = backend(stream);
     match hopper_fp8(be.is_sm90().then(|| be.sm_count()), format, p.m, p.n, p.k, p.quantize_x != 0) {
-        Some(HopperFp8::Prefill) => return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p),
+        Some(HopperFp8::Prefill { .. }) => return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p),
         Some(HopperFp8::Decode(plan)) => return super::wgmma::gemm_fp8_dec_launch(stream, x, w, scale, y, p, plan),
         None => {}
     }
@@ -734,9 +735,13 @@ mod tests {
                         let (name, _) = gemm_lowp_kernel(None, f, m, n, k, q);
                         let (name90, _) = gemm_lowp_kernel(Some(132), f, m, n, k, q);
                         assert_eq!(
-                            name90 == "di_gemm_fp8_wgmma",
+                            name90.starts_with("di_gemm_fp8_wgmma"),
                             f == Fp8Block128 && q && m > 32 && k % 128 == 0,
                             "{name90} m={m} k={k} q={q}"
+                        );
+                        assert_eq!(
+                            name90 == "di_gemm_fp8_wgmma_rows",
+                            name90.starts_with("di_gemm_fp8_wgmma") && m < 256
                         );
                         assert_eq!(
                             name90.starts_with("di_gemm_fp8_dec_"),
