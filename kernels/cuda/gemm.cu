@@ -828,22 +828,52 @@ __device__ void gemm_fp8q(const uint8_t* __restrict__ xq, const float* __restric
 }  // namespace
 
 // xq[r, :] = x[r, :] / s as e4m3 bytes and sx[r, b] = s, s the power-of-two scale of each 1x128
-// block (the official activation quantisation). A warp per (row, block); k % 128 == 0.
+// block (the official activation quantisation); k % 128 == 0. The blocks are contiguous in x (block c
+// = elements 128c..), so a half-warp takes a block with one 16-byte load a lane and threads stride
+// over QX_UNROLL blocks a pass, all loads issued first: a warp per block with 8-byte loads moved
+// ~1.1 TB/s on the H200 (28 us of a 16384 x 1024 x 32768 GEMM's op).
+constexpr int QX_UNROLL = 4;
 extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_bfloat16* __restrict__ x,
                                                                     uint8_t* __restrict__ xq, float* __restrict__ sx,
                                                                     uint32_t rows, uint32_t k) {
-    const int lane = threadIdx.x & 31;
-    const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (c >= rows * (k / 128)) return;
-    float v[4];
-    size_t at;
-    const float s = block_values(x, k, c, lane, v, at);
-    uint32_t packed = 0;
+    const uint32_t blocks = rows * (k / 128);
+    // Half-warps in the order of blocks; the loop runs whole warps (the shuffles need every lane).
+    const uint32_t half = (blockIdx.x * blockDim.x + threadIdx.x) / 16;
+    const uint32_t halves = gridDim.x * blockDim.x / 16;
+    const uint32_t sub = threadIdx.x & 15;
+    for (uint32_t c0 = half; c0 - (half & 1) < blocks; c0 += halves * QX_UNROLL) {
+        uint4 raw[QX_UNROLL];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3)) << (8 * i);
-    *reinterpret_cast<uint32_t*>(xq + at) = packed;
-    if (lane == 0) sx[c] = s;
+        for (int u = 0; u < QX_UNROLL; ++u) {
+            const uint32_t c = c0 + u * halves;
+            raw[u] = c < blocks ? *reinterpret_cast<const uint4*>(x + static_cast<size_t>(c) * 128 + sub * 8)
+                                : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < QX_UNROLL; ++u) {
+            const uint32_t c = c0 + u * halves;
+            const uint32_t w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+            float v[8], amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                v[2 * i] = bf_lo(w[i]);
+                v[2 * i + 1] = bf_hi(w[i]);
+                amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float s = pow2_scale(amax);
+            uint32_t packed[2] = {0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                packed[i / 4] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3))
+                                 << (8 * (i % 4));
+            if (c < blocks) {
+                *reinterpret_cast<uint2*>(xq + static_cast<size_t>(c) * 128 + sub * 8) = make_uint2(packed[0], packed[1]);
+                if (sub == 0) sx[c] = s;
+            }
+        }
+    }
 }
 
 // The same rounding (x / s to e4m3, s per 1x128 block) stored as f16 values for the FP4 decode

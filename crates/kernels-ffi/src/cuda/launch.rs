@@ -201,12 +201,16 @@ pub(crate) fn quantize_x_e4m3(
     // rows * k / 128 before the GEMM (same stream) reads them.
     let mut xq = unsafe { s.alloc::<u8>(rows as usize * k as usize) }?;
     let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
-    let blocks = u32::try_from((rows as u64 * (k / 128) as u64).div_ceil(8))
+    // 16 half-warps of 256 threads, each striding over 1x128 blocks four at a time; at most 8 such
+    // blocks of threads an SM (a grid-stride loop covers the rest).
+    let blocks128 = rows as u64 * (k / 128) as u64;
+    let sms = backend(stream).sm_count() as u64;
+    let blocks = u32::try_from(blocks128.div_ceil(16 * 4).clamp(1, 8 * sms))
         .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
     let q = backend(stream).function("gemm", "di_quantize_x_e4m3")?;
     let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: di_quantize_x_e4m3 takes (x, xq, sx, rows, k); x holds at least rows * k bf16, xq rows
-    // * k bytes, sx rows * k / 128 floats; k % 128 == 0; warps past rows * k / 128 return.
+    // * k bytes, sx rows * k / 128 floats; k % 128 == 0; the grid-stride loop stops at rows * k / 128.
     unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xq).arg(&mut sx).arg(&rows).arg(&k).launch(qc) }?;
     Ok((xq, sx))
 }
