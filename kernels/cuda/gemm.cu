@@ -1104,7 +1104,8 @@ namespace {
 
 // A stage of a warp's ring: 16 rows of 64 bytes, each padded to 80 so that the lanes' 4-byte reads
 // (rows g, bytes 16j + 4t) fall in 32 different banks. The launcher sizes the dynamic shared memory
-// as 8 warps x D stages (FP4Q_STREAM_STAGES in launch.rs).
+// as the block's warps x D stages (FP4Q_STREAM_SMEM_PER_WARP in launch.rs); blocks have 8 warps,
+// or 2 when the items are few.
 constexpr int FP4Q_ROW = 80;
 constexpr int FP4Q_STAGE = 16 * FP4Q_ROW;
 
@@ -1272,4 +1273,4 @@ __device__ void gemm_fp4q_stream(const uint8_t* __restrict__ xq, const float* __
     }
 DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n8, 1, 8, 2)
 DI_GEMM_FP4Q_STREAM(di_gemm_fp4q_stream_n16, 2, 8, 1)
-static_assert(8 * 8 * FP4Q_STAGE == 81920, "launch.rs FP4Q_STREAM_SMEM");
+static_assert(8 * FP4Q_STAGE == 10240, "launch.rs FP4Q_STREAM_SMEM_PER_WARP (8 stages a warp)");

@@ -172,19 +172,32 @@ pub(crate) fn gemm_grouped_kernel(
     format!("di_gemm_{f}_{}", tc_kernel_suffix(tile))
 }
 
-/// Dynamic shared memory of `di_gemm_fp4q_stream_n*`: 8 warps, each a ring of 8 stages of 16 rows
-/// x 80 bytes (the static_assert next to the kernel).
-const FP4Q_STREAM_SMEM: u32 = 8 * 8 * 16 * 80;
+/// Dynamic shared memory of `di_gemm_fp4q_stream_n*` a warp: a ring of 8 stages of 16 rows x 80
+/// bytes (the static_assert next to the kernel).
+const FP4Q_STREAM_SMEM_PER_WARP: u32 = 8 * 16 * 80;
 
 /// The grid of the streaming grouped FP4 decode kernel (`di_gemm_fp4q_stream_n*`: warps owning
-/// whole (chunk, 16-row tile) items, blocks of 8 warps, two an SM for chunks of up to 8 rows and
-/// one for 16, whose registers allow no more), or `None` for the one-item-a-block kernel: dense
-/// jobs, the switch [`crate::ops::set_fp4_stream`] off, or fewer items (at most `items` = chunk
-/// capacity x n / 16) than warps in the grid, where warps splitting k keep more bytes in flight.
-pub(crate) fn fp4q_stream_grid(items: Option<u64>, sm_count: u32, tile: u32) -> Option<u32> {
+/// whole (chunk, 16-row tile) items; blocks of 8 warps, two an SM for chunks of up to 8 rows and
+/// one for 16, whose registers allow no more; blocks of 2 warps, a warp an item, when the items
+/// (at most `items` = chunk capacity x n / 16) are fewer than that grid's warps), or `None` for the
+/// one-item-a-block kernel: dense jobs, the switch [`crate::ops::set_fp4_stream`] off, or fewer
+/// than two items an SM.
+pub(crate) fn fp4q_stream_grid(items: Option<u64>, sm_count: u32, tile: u32) -> Option<StreamGrid> {
     let blocks = sm_count as u64 * if tile <= 8 { 2 } else { 1 };
-    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= blocks * 8)?;
-    Some(items.div_ceil(8).min(blocks) as u32)
+    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= sm_count as u64 * 2)?;
+    if items >= blocks * 8 {
+        return Some(StreamGrid { blocks: items.div_ceil(8).min(blocks) as u32, warps: 8 });
+    }
+    // Fewer items than a full grid's warps (a token or two: ~768 items): a warp an item, in blocks
+    // of two warps spread over every SM.
+    Some(StreamGrid { blocks: items.div_ceil(2) as u32, warps: 2 })
+}
+
+/// The launch shape of `di_gemm_fp4q_stream_n*`: blocks of `warps` warps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StreamGrid {
+    pub blocks: u32,
+    pub warps: u32,
 }
 
 /// The first `rows` rows of x [.., k] (k % 128 == 0; the caller checked x holds them) as e4m3 bytes
@@ -270,16 +283,16 @@ fn gemm_fp4q_launch(
         if stream_grid.is_some() { "stream_" } else { "" },
         if tile <= 8 { 8 } else { 16 }
     );
-    let smem = if stream_grid.is_some() { FP4Q_STREAM_SMEM } else { 0 };
+    let smem = stream_grid.map_or(0, |g| g.warps * FP4Q_STREAM_SMEM_PER_WARP);
     let f = be.function_with_smem("gemm", &name, smem)?;
     // Chunks in flight a warp: D in di_gemm_fp4q_n{8,16}.
     let kw = warps_per_tile(p.k, if tile <= 8 { 4 } else { 2 });
     let cfg = LaunchConfig {
         grid_dim: match stream_grid {
-            Some(blocks) => (blocks, 1, 1),
+            Some(g) => (g.blocks, 1, 1),
             None => ((p.n / 16).div_ceil(8 / kw), 1, grid_z),
         },
-        block_dim: (256, 1, 1),
+        block_dim: (stream_grid.map_or(256, |g| 32 * g.warps), 1, 1),
         shared_mem_bytes: smem,
     };
     let (g, gdiv) = match gather {
@@ -779,20 +792,24 @@ mod tests {
     #[test]
     fn fp4_stream_grid_and_grouped_names_follow_the_item_count() {
         use crate::ops::WeightFormat::{Fp4Row32, Fp8Block128};
+        let g = |blocks, warps| Some(StreamGrid { blocks, warps });
         assert_eq!(fp4q_stream_grid(None, 132, 8), None);
-        assert_eq!(fp4q_stream_grid(Some(132 * 16 - 1), 132, 8), None);
-        assert_eq!(fp4q_stream_grid(Some(132 * 16), 132, 8), Some(132 * 2));
-        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132, 8), Some(264));
-        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132, 16), Some(132), "one 16-column block an SM");
-        assert_eq!(fp4q_stream_grid(Some(132 * 8), 132, 16), Some(132));
-        assert_eq!(fp4q_stream_grid(Some(15), 1, 8), None, "fewer items than one SM's 16 warps");
-        assert_eq!(fp4q_stream_grid(Some(1 << 20), 1, 8), Some(2));
+        assert_eq!(fp4q_stream_grid(Some(132 * 2 - 1), 132, 8), None, "fewer items than two an SM");
+        assert_eq!(fp4q_stream_grid(Some(132 * 16 - 1), 132, 8), g(132 * 8, 2), "a warp an item");
+        assert_eq!(fp4q_stream_grid(Some(768), 132, 8), g(384, 2), "one token of V4-Flash");
+        assert_eq!(fp4q_stream_grid(Some(132 * 16), 132, 8), g(132 * 2, 8));
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132, 8), g(264, 8));
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 132, 16), g(132, 8), "one 16-column block an SM");
+        assert_eq!(fp4q_stream_grid(Some(132 * 8), 132, 16), g(132, 8));
+        assert_eq!(fp4q_stream_grid(Some(1), 1, 8), None);
+        assert_eq!(fp4q_stream_grid(Some(1 << 20), 1, 8), g(2, 8));
         // The V4-Flash 64-token decode (304 chunks of 8 rows; gate n = 2048, down n = 4096).
         let gate = crate::params::GemmParams::new(384, 2048, 4096, true);
         assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132), "di_gemm_fp4q_stream_n8");
         assert_eq!(gemm_grouped_kernel(Fp4Row32, 16, 304, &gate, 132), "di_gemm_fp4q_stream_n16");
-        // One token (6 chunks): one item a block.
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 6, &gate, 132), "di_gemm_fp4q_n8");
+        // One token (6 chunks x 128 tiles): a warp an item, blocks of two warps.
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 6, &gate, 132), "di_gemm_fp4q_stream_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 2, &gate, 132), "di_gemm_fp4q_n8");
         assert_eq!(gemm_grouped_kernel(Fp4Row32, 128, 40, &gate, 132), "di_gemm_fp4_tile128");
         assert_eq!(gemm_grouped_kernel(Fp8Block128, 8, 304, &gate, 132), "di_gemm_fp8_tc_m8");
     }
