@@ -852,17 +852,8 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_
 #pragma unroll
         for (int u = 0; u < QX_UNROLL; ++u) {
             const uint32_t c = c0 + u * halves;
-            const uint32_t w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-            float v[8], amax = 0.f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                v[2 * i] = bf_lo(w[i]);
-                v[2 * i + 1] = bf_hi(w[i]);
-                amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
-            }
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float s = pow2_scale(amax);
+            float v[8];
+            const float s = pow2_scale(half_warp_block_amax(raw[u], v));
             uint32_t packed[2] = {0, 0};
 #pragma unroll
             for (int i = 0; i < 8; ++i)

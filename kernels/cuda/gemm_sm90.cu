@@ -278,16 +278,8 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t task = first + 2 * u + h, t = task % m, j = task / m;
-            const uint32_t wv[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-            float v[8], amax = 0.f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                v[2 * i] = bf_lo(wv[i]);
-                v[2 * i + 1] = bf_hi(wv[i]);
-                amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
-            }
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            float v[8];
+            const float amax = half_warp_block_amax(raw[u], v);
             if (task >= tasks) continue;
             const float s = pow2_scale(amax);
             uint32_t q[2] = {0, 0};

@@ -42,6 +42,22 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// The eight bf16 values of a lane's 16-byte load of x as floats, and the largest magnitude over the
+// half-warp that holds one 1x128 block (lanes differing in bits 0-3; every lane of the warp calls).
+__device__ __forceinline__ float half_warp_block_amax(const uint4 raw, float (&v)[8]) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = bf_lo(w[i]);
+        v[2 * i + 1] = bf_hi(w[i]);
+        amax = fmaxf(amax, fmaxf(fabsf(v[2 * i]), fabsf(v[2 * i + 1])));
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    return amax;
+}
+
 // The four values lane `lane` of a warp holds of 1x128 block c of x [rows, k] (at element `at`) and
 // the block's power-of-two scale (a warp per block; shared by the two quantisation kernels).
 __device__ __forceinline__ float block_values(const __nv_bfloat16* __restrict__ x, uint32_t k, uint32_t c, int lane,
