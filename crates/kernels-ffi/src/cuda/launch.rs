@@ -252,8 +252,10 @@ fn quantize_x_f16p(
 }
 
 /// The FP4 x FP8 decode GEMM, dense (rows 0..m, m <= 16) or over MoE chunks (up to 16 rows each,
-/// x rows through the gather): x quantised to e4m3 bytes and 1x128 scales (every x row, once),
-/// then a block per 8 / kw tiles of 16 outputs per job. The caller checked every length.
+/// x rows through the gather): x rounded to e4m3 with 1x128 scales and stored as f16 in k-slot
+/// order (every x row, once), then a block per 8 / kw tiles of 16 outputs per job, or the
+/// streaming kernel's persistent warps over the (chunk, tile) items ([`fp4q_stream_grid`]). The
+/// caller checked every length.
 #[allow(clippy::too_many_arguments)]
 fn gemm_fp4q_launch(
     stream: &Stream,
