@@ -936,7 +936,8 @@ namespace {
 // Eight e2m1 codes (low nibble first) -> their values times 2^-14 as four f16 pairs: (v0, v4),
 // (v1, v5), (v2, v6), (v3, v7). An e2m1 code s|e1 e0|m placed at bits 15 and 11..9 of a half is the
 // f16 s|0 0 0 e1 e0|m 0..0, whose value is the code's times 2^-14 exactly (0.5, e = 0, lands on an
-// f16 subnormal); the 2^14 goes back in with the token scale.
+// f16 subnormal); the 2^14 goes back in with the token scale. `quant::fp4x8_to_f16_pairs_lo14`
+// (crates/kernels-ffi) is the same bit operations, its test checks every code in every position.
 __device__ __forceinline__ void fp4x8_to_f16_lo14(uint32_t w, uint32_t (&h)[4]) {
     h[0] = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);
     h[1] = ((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u);

@@ -44,6 +44,21 @@ pub fn random_e4m3(bits: u64) -> u8 {
 /// FP4 e2m1 code -> value.
 pub const FP4_LUT: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 
+/// Eight e2m1 codes (a little-endian word of a packed FP4 row, element i in bits 4i..4i+3) as the
+/// four f16 pairs the CUDA FP4 decode kernels feed their f16 MMAs (`fp4x8_to_f16_lo14` in
+/// kernels/cuda/gemm.cu, the same bit operations): pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7),
+/// low half first, each value times 2^-14. A code s|e1 e0|m placed at bits 15 and 11..9 of a half is
+/// the f16 s|0 0 0 e1 e0|m 0..0, exactly the code's value times 2^-14 (0.5, e = 0, is an f16
+/// subnormal); the kernels multiply the 2^14 back into the activation scale.
+pub fn fp4x8_to_f16_pairs_lo14(w: u32) -> [u32; 4] {
+    [
+        ((w << 9) & 0x0E00_0E00) | ((w << 12) & 0x8000_8000),
+        ((w << 5) & 0x0E00_0E00) | ((w << 8) & 0x8000_8000),
+        ((w << 1) & 0x0E00_0E00) | ((w << 4) & 0x8000_8000),
+        ((w >> 3) & 0x0E00_0E00) | (w & 0x8000_8000),
+    ]
+}
+
 /// Dequantise an FP8 [n, k] weight with ue8m0 scales over [bn, bk] blocks.
 pub fn dequant_fp8_blocks(q: &[u8], scale: &[u8], n: usize, k: usize, block: [usize; 2]) -> Vec<f32> {
     let kb = k.div_ceil(block[1]);
@@ -163,6 +178,46 @@ mod tests {
             let v = e4m3_to_f32(b);
             if v.is_finite() {
                 assert_eq!(round_e4m3(v), v, "byte {b:#x}");
+            }
+        }
+    }
+
+    /// Every e2m1 code in every position of a word lands in its pair and half as exactly its value
+    /// times 2^-14 (the CUDA FP4 decode kernels' f16 operands), and every finite e4m3 value (the
+    /// rounded activations they multiply) is exact in f16.
+    #[test]
+    fn fp4_codes_as_f16_pairs_are_exact() {
+        let lo14 = 2f32.powi(-14);
+        let check = |w: u32| {
+            let h = fp4x8_to_f16_pairs_lo14(w);
+            for (i, v) in (0..8).map(|i| (i, (w >> (4 * i)) & 0xF)) {
+                let (reg, high) = (i % 4, i >= 4);
+                let bits = if high { h[reg] >> 16 } else { h[reg] & 0xFFFF } as u16;
+                let got = half::f16::from_bits(bits).to_f32();
+                let want = FP4_LUT[v as usize] * lo14;
+                assert!(
+                    got == want && got.is_sign_negative() == want.is_sign_negative(),
+                    "word {w:#x} element {i}: {got} != {want}"
+                );
+            }
+        };
+        // Each code in each position (the other nibbles cycling through the codes), then words of
+        // random bits.
+        for code in 0..16u32 {
+            for pos in 0..8 {
+                let w = (0..8).fold(0u32, |acc, i| acc | (((code + i) % 16) << (4 * i)));
+                check(w & !(0xF << (4 * pos)) | (code << (4 * pos)));
+            }
+        }
+        let mut z = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..10_000 {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            check((z >> 32) as u32);
+        }
+        for b in 0..=255u8 {
+            let v = e4m3_to_f32(b);
+            if v.is_finite() {
+                assert_eq!(half::f16::from_f32(v).to_f32(), v, "e4m3 byte {b:#x}");
             }
         }
     }
