@@ -180,11 +180,12 @@ const FP4Q_STREAM_SMEM_PER_WARP: u32 = 8 * 16 * 80;
 /// whole (chunk, 16-row tile) items; blocks of 8 warps, two an SM for chunks of up to 8 rows and
 /// one for 16, whose registers allow no more; blocks of 2 warps, a warp an item, when the items
 /// (at most `items` = chunk capacity x n / 16) are fewer than that grid's warps), or `None` for the
-/// one-item-a-block kernel: dense jobs, the switch [`crate::ops::set_fp4_stream`] off, or fewer
-/// than two items an SM.
+/// one-item-a-block kernel: dense jobs, the switch [`crate::ops::set_fp4_stream`] off, fewer than
+/// two items an SM, or more than 32 bits of items.
 pub(crate) fn fp4q_stream_grid(items: Option<u64>, sm_count: u32, tile: u32) -> Option<StreamGrid> {
     let blocks = sm_count as u64 * if tile <= 8 { 2 } else { 1 };
-    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= sm_count as u64 * 2)?;
+    // The kernel counts items in 32 bits.
+    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= sm_count as u64 * 2 && *i <= u32::MAX as u64)?;
     if items >= blocks * 8 {
         return Some(StreamGrid { blocks: items.div_ceil(8).min(blocks) as u32, warps: 8 });
     }
@@ -804,6 +805,7 @@ mod tests {
         assert_eq!(fp4q_stream_grid(Some(1 << 20), 132, 16), g(132, 8), "one 16-column block an SM");
         assert_eq!(fp4q_stream_grid(Some(132 * 8), 132, 16), g(132, 8));
         assert_eq!(fp4q_stream_grid(Some(1), 1, 8), None);
+        assert_eq!(fp4q_stream_grid(Some(1 << 32), 132, 8), None, "items past 32 bits");
         assert_eq!(fp4q_stream_grid(Some(1 << 20), 1, 8), g(2, 8));
         // The V4-Flash 64-token decode (304 chunks of 8 rows; gate n = 2048, down n = 4096).
         let gate = crate::params::GemmParams::new(384, 2048, 4096, true);
