@@ -210,46 +210,47 @@ pub(crate) fn quantize_x_e4m3(
     rows: u32,
     k: u32,
 ) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<f32>)> {
-    let s = stream.cuda_stream("gemm_lowp", "x")?;
-    // SAFETY: uninitialised; di_quantize_x_e4m3 writes every byte of rows * k and every scale of
-    // rows * k / 128 before the GEMM (same stream) reads them.
-    let mut xq = unsafe { s.alloc::<u8>(rows as usize * k as usize) }?;
-    let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
     // 16 half-warps of 256 threads, each striding over 1x128 blocks four at a time; at most 8 such
     // blocks of threads an SM (a grid-stride loop covers the rest).
-    let blocks128 = rows as u64 * (k / 128) as u64;
     let sms = backend(stream).sm_count() as u64;
-    let blocks = u32::try_from(blocks128.div_ceil(16 * 4).clamp(1, 8 * sms))
-        .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
-    let q = backend(stream).function("gemm", "di_quantize_x_e4m3")?;
-    let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: di_quantize_x_e4m3 takes (x, xq, sx, rows, k); x holds at least rows * k bf16, xq rows
-    // * k bytes, sx rows * k / 128 floats; k % 128 == 0; the grid-stride loop stops at rows * k / 128.
-    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xq).arg(&mut sx).arg(&rows).arg(&k).launch(qc) }?;
-    Ok((xq, sx))
+    quantize_x(stream, x, rows, k, "di_quantize_x_e4m3", |blocks128| blocks128.div_ceil(16 * 4).clamp(1, 8 * sms))
 }
 
 /// Every row of x [rows, k] rounded as [`quantize_x_e4m3`] does, stored as f16 values in the FP4
-/// decode kernels' k-slot order (`di_quantize_x_f16p`), and the 1x128 scales.
+/// decode kernels' k-slot order (`di_quantize_x_f16p`, a warp per 1x128 block), and the scales.
 fn quantize_x_f16p(
     stream: &Stream,
     x: &DeviceBuffer<half::bf16>,
     rows: u32,
     k: u32,
 ) -> Result<(cudarc::driver::CudaSlice<half::f16>, cudarc::driver::CudaSlice<f32>)> {
+    quantize_x(stream, x, rows, k, "di_quantize_x_f16p", |blocks128| blocks128.div_ceil(8))
+}
+
+/// A quantisation kernel (x, out, scales, rows, k) of 256-thread blocks, `grid(rows * k / 128)`
+/// of them, into fresh buffers of rows * k values of T and rows * k / 128 scales.
+fn quantize_x<T: cudarc::driver::DeviceRepr>(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    rows: u32,
+    k: u32,
+    kernel: &str,
+    grid: impl Fn(u64) -> u64,
+) -> Result<(cudarc::driver::CudaSlice<T>, cudarc::driver::CudaSlice<f32>)> {
     let s = stream.cuda_stream("gemm_lowp", "x")?;
-    // SAFETY: uninitialised; di_quantize_x_f16p writes every value of rows * k and every scale of
-    // rows * k / 128 before the GEMM (same stream) reads them.
-    let mut xh = unsafe { s.alloc::<half::f16>(rows as usize * k as usize) }?;
+    // SAFETY: uninitialised; both quantisation kernels write every value of rows * k and every scale
+    // of rows * k / 128 before the GEMM (same stream) reads them.
+    let mut out = unsafe { s.alloc::<T>(rows as usize * k as usize) }?;
     let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
-    let blocks = u32::try_from((rows as u64 * (k / 128) as u64).div_ceil(8))
+    let blocks = u32::try_from(grid(rows as u64 * (k / 128) as u64))
         .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
-    let q = backend(stream).function("gemm", "di_quantize_x_f16p")?;
+    let q = backend(stream).function("gemm", kernel)?;
     let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: di_quantize_x_f16p takes (x, xh, sx, rows, k); x holds at least rows * k bf16, xh rows
-    // * k f16, sx rows * k / 128 floats; k % 128 == 0; warps past rows * k / 128 return.
-    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut xh).arg(&mut sx).arg(&rows).arg(&k).launch(qc) }?;
-    Ok((xh, sx))
+    // SAFETY: di_quantize_x_e4m3 / di_quantize_x_f16p take (x, out, sx, rows, k); x holds at least
+    // rows * k bf16, out rows * k values of the kernel's type (u8 / f16), sx rows * k / 128 floats;
+    // k % 128 == 0; the e4m3 kernel's grid-stride loop and the f16p kernel's warps stop at rows * k / 128.
+    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut out).arg(&mut sx).arg(&rows).arg(&k).launch(qc) }?;
+    Ok((out, sx))
 }
 
 /// The FP4 x FP8 decode GEMM, dense (rows 0..m, m <= 16) or over MoE chunks (up to 16 rows each,
