@@ -39,13 +39,6 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two e4m3 values (the low and high byte of v) as an f16 pair (low half from the low byte); exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(v));
-    return r;
-}
-
 // c += a · b for one m16n8k32 tile of e4m3 values (sm_89+; on sm_90 the compiler expands it to
 // e4m3 -> f16 conversions of both fragments and two f16 m16n8k16 MMAs, about 13 extra instructions): a the 16x32 row-major fragment (4
 // registers of 4 bytes: rows g and g+8, k 4t..4t+3 and 16+4t..), b the 32x8 column-major fragment
