@@ -465,27 +465,6 @@ constexpr int TLD = TBK + 8;  // shared row stride in bf16: 144 bytes, so ldmatr
 template <int BM, int BN> constexpr int tile_smem_bytes() { return 2 * (BM + BN) * TLD * 2; }
 static_assert(tile_smem_bytes<128, 128>() == 73728 && tile_smem_bytes<64, 256>() == 92160, "launch.rs tile_smem_bytes");
 
-// Eight e2m1 codes (low nibble first) -> four bf16x2 words times a power-of-two scale (exact): the
-// magnitudes through a byte-permute table of their bf16 bytes, the sign bits moved to bit 15.
-__device__ __forceinline__ void fp4x8_to_bf16(uint32_t w, __nv_bfloat162 scale, uint32_t* out) {
-    const uint32_t m = w & 0x77777777u;
-    // bf16 of {0, 0.5, 1, 1.5, 2, 3, 4, 6}: low bytes 00 00 80 C0 00 40 80 C0, high 00 3F 3F 3F 40 40 40 40.
-    const uint32_t l0 = __byte_perm(0xC0800000u, 0xC0804000u, m);
-    const uint32_t h0 = __byte_perm(0x3F3F3F00u, 0x40404040u, m);
-    const uint32_t l1 = __byte_perm(0xC0800000u, 0xC0804000u, m >> 16);
-    const uint32_t h1 = __byte_perm(0x3F3F3F00u, 0x40404040u, m >> 16);
-    const uint32_t v[4] = {__byte_perm(l0, h0, 0x5140), __byte_perm(l0, h0, 0x7362), __byte_perm(l1, h1, 0x5140),
-                           __byte_perm(l1, h1, 0x7362)};
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const uint32_t t = w >> (8 * j);
-        const uint32_t bits = v[j] | ((t << 12) & 0x8000u) | ((t << 24) & 0x80000000u);
-        __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&bits);
-        b = __hmul2(b, scale);
-        out[j] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-}
-
 // BM x BN block tile: 8 warps as (BM / 64) x (BN / 32), a 64 x 32 tile each. 128 x 128 for dense
 // GEMMs; 64 x 256 for MoE experts, whose ~100-row groups waste less of a 64-row tile.
 template <bool FP4, int BM, int BN>
@@ -638,20 +617,40 @@ __device__ void gemm_tile(const __nv_bfloat16* __restrict__ x, const int32_t* __
 DI_GEMM_TILE(tile128, 128, 128)
 DI_GEMM_TILE(tile64, 64, 256)
 
-// out[r, :] = x[r, :] rounded to e4m3 per 1x128 block with a power-of-two scale (the official
-// activation quantisation, exact in bf16), so GEMM blocks need not each redo it. A warp per
-// (row, 128 columns); k % 128 == 0.
+// out[r, :] = x[src, :] with src = gather ? gather[r] / gather_div : r (a MoE dispatch's token of
+// row r), rounded to e4m3 per 1x128 block with a power-of-two scale when `quantize` (the official
+// activation quantisation, exact in bf16), so GEMM blocks need not each redo it; with `permute`,
+// each 64-wide block of k reordered for di_gemm_fp4_wgmma (k = 16 q + 8 h + 4 e + kk goes to 16 kk
+// + 2 q + e + 8 h). A warp per (row, 128 columns); k % 128 == 0.
 extern "C" __global__ void __launch_bounds__(256) di_quantize_fp8_rows(const __nv_bfloat16* __restrict__ x,
-                                                                      __nv_bfloat16* __restrict__ out, uint32_t rows,
-                                                                      uint32_t k) {
+                                                                      const int32_t* __restrict__ gather,
+                                                                      uint32_t gather_div, __nv_bfloat16* __restrict__ out,
+                                                                      uint32_t rows, uint32_t k, uint32_t quantize,
+                                                                      uint32_t permute) {
     const int lane = threadIdx.x & 31;
     const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (c >= rows * (k / 128)) return;
+    const uint32_t blocks = k / 128;
+    if (c >= rows * blocks) return;
+    const uint32_t r = c / blocks;
+    const uint32_t src = gather ? static_cast<uint32_t>(gather[r]) / gather_div : r;
     float v[4];
-    size_t at;
-    const float s = block_values(x, k, c, lane, v, at);
-    const uint2 o = make_uint2(pack_bf16(fp8_round(v[0], s), fp8_round(v[1], s)), pack_bf16(fp8_round(v[2], s), fp8_round(v[3], s)));
-    *reinterpret_cast<uint2*>(out + at) = o;
+    size_t at;  // within the row
+    const float s = block_values(x + static_cast<size_t>(src) * k, k, c % blocks, lane, v, at);
+    if (quantize) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = fp8_round(v[i], s);
+    }
+    __nv_bfloat16* o = out + static_cast<size_t>(r) * k;
+    if (!permute) {
+        *reinterpret_cast<uint2*>(o + at) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t kc = static_cast<uint32_t>(at) + i, b = kc & 63u;
+        const uint32_t f = 16 * (b % 4) + 2 * (b / 16) + (b / 4) % 2 + 8 * ((b / 8) % 2);
+        o[(kc & ~63u) + f] = __float2bfloat16_rn(v[i]);
+    }
 }
 
 // y[m, n] = sum over splits of partial[split][m][n], in split order, rounded once to bf16.

@@ -50,6 +50,39 @@ __device__ __forceinline__ void tile_coords(uint32_t t, uint32_t tiles_m, uint32
     nt = local / gm;
 }
 
+// A consumer warpgroup's 64 x 128 block of fp32 results out as bf16 (R-value accumulator in the
+// wgmma layout, this block's values at acc[OFF + 4 j ..]: rows warp * 16 + lane / 4 (+ 8), columns
+// 8 j + 2 (lane % 4) (+ 1)): through `stage` (16 KiB, 16-byte chunks XOR-swizzled by row:
+// conflict-free both ways), then whole 256-byte rows with 16-byte stores. Row r < rows goes to
+// y + r * ld, its 16-byte chunks c with 8 c < cols. Named barrier `bar` over the warpgroup.
+template <int OFF, int R>
+__device__ __forceinline__ void store_rows_64x128(const float (&acc)[R], uint8_t* stage, uint32_t bar,
+                                                  __nv_bfloat16* __restrict__ y, size_t ld, uint32_t rows,
+                                                  uint32_t cols) {
+    const uint32_t warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    named_barrier(bar, 128);  // the previous block's rows are out
+    const uint32_t ra = warp * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const uint32_t r = ra + 8 * e;
+            const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
+            *reinterpret_cast<__nv_bfloat162*>(stage + at) =
+                __floats2bfloat162_rn(acc[OFF + 4 * j + 2 * e], acc[OFF + 4 * j + 2 * e + 1]);
+        }
+    }
+    named_barrier(bar, 128);
+    const uint32_t tid = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
+        if (r < rows && c * 8 < cols)
+            *reinterpret_cast<uint4*>(y + r * ld + c * 8) =
+                *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
+    }
+}
+
 }  // namespace
 #endif
 
@@ -161,33 +194,12 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
             if (!ROWS || m0 + cw * 128 + 64 < m) half(acc1, s, 1, f[2], f[3]);
             if (lane == 0) mbar_arrive(&empty[s]);
         }
-        // Outputs through shared memory: the half's 64 x 128 bf16 into this warpgroup's staging
-        // (16-byte chunks XOR-swizzled by row: conflict-free both ways), then whole 256-byte rows
-        // out with 16-byte stores.
+        // Outputs through this warpgroup's staging half, whole rows at a time.
         uint8_t* stage = out_stage + cw * OUT_STAGE;
         auto store = [&](const float(&acc)[64], uint32_t h) {
-            named_barrier(1 + cw, 128);  // the previous half's rows are out
-            const uint32_t ra = warp * 16 + lane / 4;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const uint32_t r = ra + 8 * e;
-                    const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
-                    *reinterpret_cast<__nv_bfloat162*>(stage + at) =
-                        __floats2bfloat162_rn(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
-                }
-            }
-            named_barrier(1 + cw, 128);
-            const uint32_t tid = threadIdx.x % 128;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
-                const uint32_t row = m0 + cw * 128 + h * 64 + r, col = n0 + c * 8;
-                if (row < m && col < n)
-                    *reinterpret_cast<uint4*>(y + static_cast<size_t>(row) * n + col) =
-                        *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
-            }
+            const uint32_t row0 = m0 + cw * 128 + h * 64;
+            store_rows_64x128<0>(acc, stage, 1 + cw, y + static_cast<size_t>(row0) * n + n0, n,
+                                 m > row0 ? m - row0 : 0, n - n0);
         };
         if (splits == 1) {
             store(acc0, 0);
@@ -226,6 +238,240 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
     }
 DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma, false)
 DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma_rows, true)
+
+// ---------------------------------------------------------------------------------------------
+// Grouped FP4 GEMM for MoE prefill on Hopper: y[r, :] = W_e . x_r for the rows r of each expert's
+// chunks of up to 128 rows (a dispatch with tile 128), x in permuted row order and already on the
+// FP8 grid (bf16 values: the official activation quantisation), W e2m1 with a ue8m0 scale per 1x32
+// (MODEL_V4.md §10.2). y bf16.
+//
+// Hopper has no FP4 tensor cores, and an e4m3 MMA cannot apply a scale per 32 of k that differs
+// per output. So W is widened to bf16 with its group's scale folded in (e2m1 x 2^s is exact in
+// bf16), x's values (e4m3 times a power of two) are exact in bf16 too, and bf16 wgmma forms the
+// exact products and accumulates them in fp32 with no promotion step.
+//
+// The operands are swapped (y^T = W . x^T): W is the A operand, widened by the math warps straight
+// into registers (wgmma's register-A form), x the B operand from shared memory with N = the chunk's
+// rows rounded up to 32 (experts average ~96 rows at prefill: less padding than 64-row M tiles).
+// Widening in registers keeps shared memory to the TMA tiles (an earlier form widened W into a
+// shared tile: ~160 KB of shared-memory traffic a k step against ~96 KB now, and it was the bound).
+// Each math thread's 16 codes of a row for a k step are one 8-byte read and one scale group, in an
+// order of k that the launcher's pass over x (gather, FP8 rounding, this permutation) matches:
+// within each 64-wide block of k, x position 16 kk + 2 q + e + 8 h holds k = 16 q + kk + 4 e + 8 h.
+//
+// A persistent 384-thread block per SM walks items (chunk, 256 outputs), chunk-major (the blocks in
+// flight share a chunk's x rows in L2). Warpgroup 0: one thread issues TMA loads of the x tile (128
+// rows x 64 k bf16, 128-byte swizzle) and the raw W tile (256 rows x 32 bytes) into a ring.
+// Warpgroups 1 and 2 own 128 outputs each (two m64 blocks): per k step they widen their W rows
+// into A fragments and run eight wgmma m64nNk16; the two take turns on the tensor cores. Outputs
+// leave transposed through shared memory as whole rows of y. Rows of the N past the chunk (the next
+// expert's, or zeros past the end) are computed and not written.
+#if DI_SM90
+namespace {
+
+constexpr int G4_BM = 128;                 // rows of x (tokens) per item at most
+constexpr int G4_BN = 256;                 // outputs per item: 128 per math warpgroup
+constexpr int G4_STAGES = 6;               // ring depth
+constexpr int G4_X = G4_BM * 128;          // x tile: 128 rows x 64 bf16
+constexpr int G4_WQ = G4_BN * 32;          // raw W tile: 256 rows x 64 e2m1
+constexpr int G4_OUT = G4_BM * 256;        // a math warpgroup's staging: 128 rows x 128 outputs bf16
+// Dynamic shared memory (GEMM_FP4_WGMMA_SMEM in wgmma.rs): alignment slack, the ring's x and raw W
+// tiles, the two staging blocks, the full and empty barriers.
+constexpr int G4_SMEM = 1024 + G4_STAGES * (G4_X + G4_WQ) + 2 * G4_OUT + 2 * G4_STAGES * 8;
+static_assert(G4_SMEM == 214112, "wgmma.rs GEMM_FP4_WGMMA_SMEM");
+static_assert(G4_X % 1024 == 0, "swizzled tiles 1024-byte aligned");
+
+// Eight e2m1 codes (low nibble first) -> bf16 pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7), each
+// code's value times `scale`: the bf16 with a code's magnitude bits (e1 e0 m) at bits 8..6 and its
+// sign at 15 is exactly e2m1 x 2^-126 (0.5 lands on a subnormal, which bf16 multiplies keep), and
+// nibbles i and i + 4 sit 16 bits apart, so one shift and mask places both of a pair; then one
+// multiply by 2^(s - 1) (for ue8m0 s <= 128) gives e2m1 x 2^(s - 127), exactly.
+__device__ __forceinline__ void fp4x8_to_bf16_pairs(uint32_t w, uint32_t scale, uint32_t (&p)[4]) {
+    const uint32_t q[4] = {((w << 6) & 0x01C001C0u) | ((w << 12) & 0x80008000u),
+                           ((w << 2) & 0x01C001C0u) | ((w << 8) & 0x80008000u),
+                           ((w >> 2) & 0x01C001C0u) | ((w << 4) & 0x80008000u),
+                           ((w >> 6) & 0x01C001C0u) | (w & 0x80008000u)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&q[i]),
+                                         *reinterpret_cast<const __nv_bfloat162*>(&scale));
+        p[i] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+}
+
+// The same pairs for any ue8m0 scale s (2^(s - 1) overflows bf16 from s = 129): the byte-permute
+// table of the code values, multiplied by 2^(s - 127), then paired as above.
+__device__ __forceinline__ void fp4x8_to_bf16_pairs_any(uint32_t w, uint32_t s, uint32_t (&p)[4]) {
+    const float f = e8m0(static_cast<uint8_t>(s));
+    uint32_t o[4];  // (n0, n1), (n2, n3), (n4, n5), (n6, n7)
+    fp4x8_to_bf16(w, __floats2bfloat162_rn(f, f), o);
+    p[0] = __byte_perm(o[0], o[2], 0x5410);
+    p[1] = __byte_perm(o[0], o[2], 0x7632);
+    p[2] = __byte_perm(o[1], o[3], 0x5410);
+    p[3] = __byte_perm(o[1], o[3], 0x7632);
+}
+
+// One math warpgroup's k loop and outputs for an item with N (32 .. 128) rows of x computed.
+// wrow: this thread's two W rows of each of its two m64 blocks in the raw tile (row g, g + 8 of
+// warp w's 16; the block's second 64 rows 64 apart); srow: their scale rows (null past n).
+template <int N>
+__device__ __forceinline__ void fp4_wgmma_item(const uint8_t* ring_x, const uint8_t* ring_q, uint64_t* full,
+                                               uint64_t* empty, uint32_t& it, uint32_t nk, const uint8_t* const (&srow)[4],
+                                               uint32_t wrow, uint8_t* stage, uint32_t cw, __nv_bfloat16* __restrict__ y,
+                                               uint32_t n, uint32_t n0, uint32_t rows) {
+    const uint32_t lane = threadIdx.x % 32, q = lane % 4;
+    float acc[2][N / 2];
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) acc[b][j] = 0.f;
+    // Scales of this k step for rows (block b, half h) at [2 b + h]: group q / 2 of the step's two.
+    uint32_t sc[4], next[4];
+    auto load_scales = [&](uint32_t kb, uint32_t (&out)[4]) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) out[r] = srow[r] ? srow[r][2 * kb + q / 2] : 0u;
+    };
+    load_scales(0, next);
+    for (uint32_t kb = 0; kb < nk; ++kb, ++it) {
+        const uint32_t s = it % G4_STAGES;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) sc[r] = next[r];
+        if (kb + 1 < nk) load_scales(kb + 1, next);
+        mbar_wait(&full[s], (it / G4_STAGES) & 1);
+        // A fragments: frag[b][kk] = {(g, 2q..), (g + 8, 2q..), (g, 2q + 8..), (g + 8, 2q + 8..)}.
+        uint32_t frag[2][4][4];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint2 raw = *reinterpret_cast<const uint2*>(ring_q + s * G4_WQ + (wrow + 64 * b + 8 * h) * 32 + 8 * q);
+                const uint32_t sv = sc[2 * b + h];
+                uint32_t lo[4], hi[4];
+                if (sv <= 128) {
+                    const uint32_t f = ((sv + 126u) << 7) * 0x10001u;  // 2^(s - 1) twice, as bf16
+                    fp4x8_to_bf16_pairs(raw.x, f, lo);
+                    fp4x8_to_bf16_pairs(raw.y, f, hi);
+                } else {
+                    fp4x8_to_bf16_pairs_any(raw.x, sv, lo);
+                    fp4x8_to_bf16_pairs_any(raw.y, sv, hi);
+                }
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    frag[b][kk][h] = lo[kk];
+                    frag[b][kk][2 + h] = hi[kk];
+                }
+            }
+        }
+        const uint32_t xa = smem_addr(ring_x + s * G4_X);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) wgmma_fence_regs(acc[b]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) wgmma_rs_bf16<N>(acc[b], frag[b][kk], wgmma_desc_sw128(xa + kk * 32));
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int b = 0; b < 2; ++b) wgmma_fence_regs(acc[b]);
+        if (lane == 0) mbar_arrive(&empty[s]);
+    }
+    // acc[b][4 j + i] is y^T at output o = 64 b + 16 w + g + 8 (i / 2), token t = 8 j + 2 q + i % 2.
+    // Transposed into the staging as [token][128 outputs] bf16, 16-byte chunks XOR-swizzled by
+    // (t / 2) % 8 (conflict-free stores), then whole rows out with 16-byte stores.
+    const uint32_t warp = (threadIdx.x / 32) % 4, g = lane / 4;
+    named_barrier(1 + cw, 128);  // the previous item's rows are out
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t o = 64 * b + 16 * warp + g + 8 * (i / 2), t = 8 * j + 2 * q + i % 2;
+                const uint32_t at = t * 256 + (((o / 8) ^ ((t / 2) % 8)) * 16) + (o % 8) * 2;
+                *reinterpret_cast<__nv_bfloat16*>(stage + at) = __float2bfloat16_rn(acc[b][4 * j + i]);
+            }
+    named_barrier(1 + cw, 128);
+    const uint32_t tid = threadIdx.x % 128, cols = n > n0 + 128 * cw ? n - n0 - 128 * cw : 0;
+    for (uint32_t v = tid; v < rows * 16; v += 128) {
+        const uint32_t t = v / 16, c = v % 16;
+        if (c * 8 < cols)
+            *reinterpret_cast<uint4*>(y + static_cast<size_t>(t) * n + n0 + 128 * cw + c * 8) =
+                *reinterpret_cast<const uint4*>(stage + t * 256 + ((c ^ ((t / 2) % 8)) * 16));
+    }
+}
+
+}  // namespace
+#endif
+
+// map_x: x bf16 [rows, k] as bytes, permuted in k as above (box 128 rows x 128 bytes, 128-byte
+// swizzle); map_w: the experts' W bytes [experts * n, k / 2] back to back (box 256 rows x 32
+// bytes); sw: their scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <=
+// 128, 0), num_chunks[0] of them. k % 64 == 0, n % 8 == 0.
+extern "C" __global__ void __launch_bounds__(384, 1)
+    di_gemm_fp4_wgmma(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,
+                      const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y, const int4* __restrict__ chunks,
+                      const int32_t* __restrict__ num_chunks, uint32_t n, uint32_t k) {
+#if DI_SM90
+    extern __shared__ uint8_t g4_smem[];
+    uint8_t* base = g4_smem + ((1024 - (smem_addr(g4_smem) & 1023)) & 1023);
+    uint8_t* ring_x = base;                        // x tiles
+    uint8_t* ring_q = ring_x + G4_STAGES * G4_X;   // raw W tiles
+    uint8_t* out_stage = ring_q + G4_STAGES * G4_WQ;
+    uint64_t* full = reinterpret_cast<uint64_t*>(out_stage + 2 * G4_OUT);
+    uint64_t* empty = full + G4_STAGES;
+    const uint32_t nk = k / 64, tiles_n = (n + G4_BN - 1) / G4_BN;
+    const uint32_t items = static_cast<uint32_t>(*num_chunks) * tiles_n;
+    ring_init(full, empty, G4_STAGES, 8);  // empty: lane 0 of each math warp
+    const int wg = threadIdx.x / 128;
+
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (threadIdx.x != 0) return;
+        tma_prefetch_map(&map_x);
+        tma_prefetch_map(&map_w);
+        uint32_t it = 0;  // k steps loaded so far: slot it % STAGES, pass it / STAGES
+        for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
+            const int4 c = chunks[t / tiles_n];
+            const int32_t wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (t % tiles_n) * G4_BN);
+            for (uint32_t kb = 0; kb < nk; ++kb, ++it) {
+                const uint32_t s = it % G4_STAGES;
+                mbar_wait(&empty[s], ((it / G4_STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], G4_X + G4_WQ);
+                tma_load_2d(ring_x + s * G4_X, &map_x, static_cast<int32_t>(kb * 128), c.y, &full[s]);
+                tma_load_2d(ring_q + s * G4_WQ, &map_w, static_cast<int32_t>(kb * 32), wrow, &full[s]);
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<232>();
+    const uint32_t cw = wg - 1;  // outputs 128 cw .. + 128 of each item
+    const uint32_t lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const uint32_t wrow = 128 * cw + 16 * warp + lane / 4, groups = k / 32;
+    uint8_t* stage = out_stage + cw * G4_OUT;
+    uint32_t it = 0;
+    for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
+        const int4 c = chunks[t / tiles_n];
+        const uint32_t n0 = (t % tiles_n) * G4_BN, rows = static_cast<uint32_t>(c.z);
+        const uint8_t* srow[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const uint32_t row = n0 + wrow + 64 * (r / 2) + 8 * (r % 2);
+            srow[r] = row < n ? sw + (static_cast<size_t>(c.x) * n + row) * groups : nullptr;
+        }
+        __nv_bfloat16* yr = y + static_cast<size_t>(c.y) * n;
+        switch ((rows + 31) / 32) {
+            case 1: fp4_wgmma_item<32>(ring_x, ring_q, full, empty, it, nk, srow, wrow, stage, cw, yr, n, n0, rows); break;
+            case 2: fp4_wgmma_item<64>(ring_x, ring_q, full, empty, it, nk, srow, wrow, stage, cw, yr, n, n0, rows); break;
+            case 3: fp4_wgmma_item<96>(ring_x, ring_q, full, empty, it, nk, srow, wrow, stage, cw, yr, n, n0, rows); break;
+            default: fp4_wgmma_item<128>(ring_x, ring_q, full, empty, it, nk, srow, wrow, stage, cw, yr, n, n0, rows); break;
+        }
+    }
+#else
+    __trap();  // sm_90a only; the launcher never picks it elsewhere
+#endif
+}
 
 // ---------------------------------------------------------------------------------------------
 // Decode FP8 GEMM on wgmma with the operands swapped (m <= 16): y[t, r] = sum_k x[t, k] W[r, k].

@@ -71,3 +71,24 @@ __device__ __forceinline__ float block_values(const __nv_bfloat16* __restrict__ 
     v[3] = bf_hi(raw.y);
     return pow2_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
 }
+
+// Eight e2m1 codes (low nibble first) -> four bf16x2 words times a power-of-two scale (exact): the
+// magnitudes through a byte-permute table of their bf16 bytes, the sign bits moved to bit 15.
+__device__ __forceinline__ void fp4x8_to_bf16(uint32_t w, __nv_bfloat162 scale, uint32_t* out) {
+    const uint32_t m = w & 0x77777777u;
+    // bf16 of {0, 0.5, 1, 1.5, 2, 3, 4, 6}: low bytes 00 00 80 C0 00 40 80 C0, high 00 3F 3F 3F 40 40 40 40.
+    const uint32_t l0 = __byte_perm(0xC0800000u, 0xC0804000u, m);
+    const uint32_t h0 = __byte_perm(0x3F3F3F00u, 0x40404040u, m);
+    const uint32_t l1 = __byte_perm(0xC0800000u, 0xC0804000u, m >> 16);
+    const uint32_t h1 = __byte_perm(0x3F3F3F00u, 0x40404040u, m >> 16);
+    const uint32_t v[4] = {__byte_perm(l0, h0, 0x5140), __byte_perm(l0, h0, 0x7362), __byte_perm(l1, h1, 0x5140),
+                           __byte_perm(l1, h1, 0x7362)};
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t t = w >> (8 * j);
+        const uint32_t bits = v[j] | ((t << 12) & 0x8000u) | ((t << 24) & 0x80000000u);
+        __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+        b = __hmul2(b, scale);
+        out[j] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+}

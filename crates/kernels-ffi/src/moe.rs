@@ -289,7 +289,7 @@ pub fn gemm_grouped_cuda_kernel(
         crate::device::Device::Cuda(b) => {
             let p = GemmParams::new(d.shape.pairs() as u32, n, k, quantize);
             let cap = MoeDispatch::capacity(d.shape, d.tile);
-            Some(crate::cuda::launch::gemm_grouped_kernel(format, d.tile, cap, &p, b.sm_count()))
+            Some(crate::cuda::launch::gemm_grouped_kernel(format, d.tile, cap, &p, b.sm_count(), b.is_sm90()))
         }
         _ => {
             let _ = (format, d, n, k, quantize);

@@ -319,6 +319,21 @@ pub fn fp4_stream() -> bool {
     FP4_STREAM.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static FP4_WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether grouped FP4 GEMMs over 128-row chunks (MoE layers at prefill) run the Hopper wgmma
+/// kernel on an sm_90 GPU (`di_gemm_fp4_wgmma`, the default: W widened to bf16 with its scales
+/// folded in, x gathered and rounded once) or the tiled mma.sync kernel: a process-wide switch for
+/// A/B benchmarks; results agree within the GEMM tolerance.
+pub fn set_fp4_wgmma(on: bool) {
+    FP4_WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_fp4_wgmma`] sets.
+pub fn fp4_wgmma() -> bool {
+    FP4_WGMMA.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static WGMMA_SPLIT_K: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Whether the Hopper FP8 wgmma GEMM splits k over blocks (fp32 partials added in split order by a

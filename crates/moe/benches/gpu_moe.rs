@@ -11,7 +11,7 @@
 //! HBM), warm-up, then CUDA events around batches of forwards, median of the batches.
 
 use deepinfer_kernels_ffi::moe::{self as mops, GroupedInput, RouteBy};
-use deepinfer_kernels_ffi::ops::{gemm_lowp, set_fp4_stream, WeightFormat};
+use deepinfer_kernels_ffi::ops::{gemm_lowp, set_fp4_stream, set_fp4_wgmma, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
 use deepinfer_kernels_ffi::GemmParams;
 use deepinfer_kernels_ffi::Stream;
@@ -24,6 +24,13 @@ const BF16_FLOP_PER_S: f64 = 790e12;
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// The earlier FP4 grouped kernels (`true`: the streaming decode and Hopper wgmma prefill kernels
+/// switched off) or the current ones (`false`, the default).
+fn earlier_fp4(on: bool) {
+    set_fp4_stream(!on);
+    set_fp4_wgmma(!on);
 }
 
 fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_json::Value {
@@ -66,7 +73,8 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         }
         median(times)
     };
-    // The routed GEMMs' kernels with the streaming FP4 decode switch on (the default) and off.
+    // The routed GEMMs' kernels as they are (the default) and with the earlier FP4 kernels (the
+    // streaming decode kernel and the Hopper wgmma prefill kernel switched off).
     let gemm_kernels = || {
         let dsp = &ws.dispatch;
         let gate = mops::gemm_grouped_cuda_kernel(s, w.routed.format, dsp, w.inter, w.dim, true).unwrap_or_default();
@@ -75,10 +83,10 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         (gate, down)
     };
     let kernels_on = gemm_kernels();
-    set_fp4_stream(false);
+    earlier_fp4(true);
     let kernels_off = gemm_kernels();
     let ms_off = if kernels_off != kernels_on { Some(layer_ms(&mut ws, &mut out)) } else { None };
-    set_fp4_stream(true);
+    earlier_fp4(false);
     let ms = layer_ms(&mut ws, &mut out);
     // Where the time goes: each stage alone on the last input's routing (same workspace).
     let x = &xs[at];
@@ -108,16 +116,18 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         })
         .into(),
     );
-    for (name, tile, stream) in [
-        ("routed_gate_gemm", ws.dispatch.tile, true),
-        ("routed_gate_gemm_one_item_a_block", ws.dispatch.tile, false),
+    // The tile64 / tile128 entries are the tiled mma.sync kernel (the earlier kernels).
+    for (name, tile, earlier) in [
+        ("routed_gate_gemm", ws.dispatch.tile, false),
+        ("routed_gate_gemm_earlier_kernel", ws.dispatch.tile, true),
         ("routed_gate_gemm_tile128", 128, true),
         ("routed_gate_gemm_tile64", 64, true),
     ] {
-        if (tokens < 1024 && tile >= 64 && name != "routed_gate_gemm") || (!stream && kernels_off.0 == kernels_on.0) {
+        let duplicate = earlier && kernels_off.0 == kernels_on.0 && tile == ws.dispatch.tile;
+        if (tokens < 1024 && tile >= 64 && name != "routed_gate_gemm") || duplicate {
             continue;
         }
-        set_fp4_stream(stream);
+        earlier_fp4(earlier);
         let mut dsp = mops::MoeDispatch::with_tile(s, ws.dispatch.shape, tile).unwrap();
         mops::dispatch(s, &ws.routed.ids, &mut dsp).unwrap();
         let t = stage(&mut || {
@@ -135,7 +145,7 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
             )
             .unwrap()
         });
-        set_fp4_stream(true);
+        earlier_fp4(false);
         stages.insert(name.to_string(), t.into());
     }
     stages.insert(
@@ -146,11 +156,11 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         })
         .into(),
     );
-    for (name, stream) in [("routed_down_gemm", true), ("routed_down_gemm_one_item_a_block", false)] {
-        if !stream && kernels_off.1 == kernels_on.1 {
+    for (name, earlier) in [("routed_down_gemm", false), ("routed_down_gemm_earlier_kernel", true)] {
+        if earlier && kernels_off.1 == kernels_on.1 {
             continue;
         }
-        set_fp4_stream(stream);
+        earlier_fp4(earlier);
         let t = stage(&mut || {
             mops::gemm_grouped(
                 s,
@@ -166,7 +176,7 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
             )
             .unwrap()
         });
-        set_fp4_stream(true);
+        earlier_fp4(false);
         stages.insert(name.into(), t.into());
     }
     stages.insert(
@@ -200,19 +210,26 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
     let mut seen = vec![false; e];
     ids.iter().filter(|v| **v >= 0).for_each(|v| seen[*v as usize] = true);
     let stage_bytes = seen.iter().filter(|v| **v).count() as f64 * expert_bytes;
+    // ... and against its FLOPs at the bf16 matrix-unit rate (the bound at prefill sizes).
+    let stage_flops = 2.0 * pairs as f64 * (d * i) as f64;
     let mut gemm_floor = serde_json::Map::new();
     for (name, v) in &stages {
         if name.starts_with("routed_") {
             let t = v.as_f64().unwrap();
             let f = stage_bytes / BYTES_PER_S * 1e3 / t;
-            println!("  {name:<36} {t:.4} ms  {:.1} MB  achieved/byte floor {f:.3}", stage_bytes / 1e6);
+            let tf = stage_flops / (t * 1e-3) / 1e12;
+            println!(
+                "  {name:<36} {t:.4} ms  {:.1} MB  achieved/byte floor {f:.3}  {tf:.1} TFLOP/s ({:.3} of bf16)",
+                stage_bytes / 1e6,
+                tf * 1e12 / BF16_FLOP_PER_S
+            );
             gemm_floor.insert(name.clone(), f.into());
         }
     }
     println!("  routed GEMM kernels: gate/up {}, down {}", kernels_on.0, kernels_on.1);
     if let Some(off) = ms_off {
         println!(
-            "  layer with the one-item-a-block FP4 kernels ({}, {}): {off:.4} ms; streaming: {ms:.4} ms ({:.2}x)",
+            "  layer with the earlier FP4 kernels ({}, {}): {off:.4} ms; now: {ms:.4} ms ({:.2}x)",
             kernels_off.0,
             kernels_off.1,
             off / ms
@@ -238,8 +255,8 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         "inputs_rotated": inputs, "forwards_per_batch": batch, "stages_ms": stages,
         "routed_gemm_stage_achieved_over_byte_floor": gemm_floor,
         "routed_gemm_kernels": {"gate_up": kernels_on.0, "down": kernels_on.1},
-        "median_ms_one_item_a_block_fp4": ms_off,
-        "routed_gemm_kernels_one_item_a_block": {"gate_up": kernels_off.0, "down": kernels_off.1}})
+        "median_ms_earlier_fp4_kernels": ms_off,
+        "routed_gemm_kernels_earlier": {"gate_up": kernels_off.0, "down": kernels_off.1}})
 }
 
 fn main() {

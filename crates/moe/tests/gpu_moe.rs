@@ -13,7 +13,7 @@
 //!   to a few elements per thousand; 2e-2 bounds that with room.
 
 use deepinfer_kernels_ffi::moe::{self as mops, MoeShape, RouteBy};
-use deepinfer_kernels_ffi::ops::{set_fp4_stream, WeightFormat};
+use deepinfer_kernels_ffi::ops::{set_fp4_stream, set_fp4_wgmma, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
 use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
@@ -129,8 +129,11 @@ fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
         );
     }
     // The tiled kernel's other block shape (64 rows x 256 outputs) gives the same bits as the
-    // default 128 x 128: rows are summed in the same k order whatever the tile.
-    if dg.tile >= 64 {
+    // default 128 x 128: rows are summed in the same k order whatever the tile. (The Hopper wgmma
+    // kernel sums in another order: checked against the CPU above; the run with it switched off
+    // checks the tiled kernels.)
+    let gate_kernel = mops::gemm_grouped_cuda_kernel(gpu, spec.routed, dg, spec.inter, spec.dim, true);
+    if dg.tile >= 64 && gate_kernel.as_deref() != Some("di_gemm_fp4_wgmma") {
         let mut d64 = mops::MoeDispatch::with_tile(gpu, shape, 64).unwrap();
         mops::dispatch(gpu, &wsg.routed.ids, &mut d64).unwrap();
         let xb = gpu.upload(&x).unwrap();
@@ -187,6 +190,10 @@ fn gpu_moe_layer_matches_cpu() {
         // (chunks of 8 and of 16 rows); each runs with the kernel switch on and off.
         (64, 128, 6, 1024, 512, WeightFormat::Fp4Row32, false, false),
         (96, 32, 6, 1024, 1024, WeightFormat::Fp4Row32, true, false),
+        // 128-row chunks (the Hopper wgmma FP4 kernel): ~192 rows an expert, so second chunks of
+        // fewer than 64 rows (a consumer warpgroup with no rows) and of more; 640 outputs (a last
+        // item of 128 of its 256) and k = 640 for the down GEMM.
+        (512, 16, 6, 1024, 640, WeightFormat::Fp4Row32, true, false),
     ];
     for (tokens, experts, top_k, dim, inter, routed, shared, hash) in cases {
         let spec = RandomMoe {
@@ -205,11 +212,21 @@ fn gpu_moe_layer_matches_cpu() {
             let down = mops::gemm_grouped_cuda_kernel(&s, routed, &d, dim, inter, d.tile <= 16)?;
             Some(Box::leak(format!("gate/up {gate}, down {down}").into_boxed_str()) as &'static str)
         };
-        for (on, k) in switch_kernels(set_fp4_stream, kernels) {
-            set_fp4_stream(on);
-            println!("case tokens={tokens} experts={experts} dim={dim} inter={inter}: {k}");
-            check_layer(&s, spec, tokens, &mut rng);
+        // Every distinct kernel choice of the two switches.
+        let mut seen = Vec::new();
+        for wgmma in [true, false] {
+            set_fp4_wgmma(wgmma);
+            for (on, k) in switch_kernels(set_fp4_stream, kernels) {
+                if seen.contains(&k) {
+                    continue;
+                }
+                seen.push(k);
+                set_fp4_stream(on);
+                println!("case tokens={tokens} experts={experts} dim={dim} inter={inter}: {k}");
+                check_layer(&s, spec, tokens, &mut rng);
+            }
         }
         set_fp4_stream(true);
+        set_fp4_wgmma(true);
     }
 }

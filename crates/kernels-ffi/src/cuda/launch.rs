@@ -153,14 +153,35 @@ pub(crate) fn uses_fp4_mma_decode(format: crate::ops::WeightFormat, rows: u32, n
         && crate::ops::fp8_mma_decode()
 }
 
-/// The kernel a grouped (MoE) GEMM over chunks of `tile` rows (at most `capacity`) launches.
+/// Whether a grouped GEMM over chunks of `tile` rows runs the Hopper wgmma FP4 kernel
+/// (`di_gemm_fp4_wgmma`): an sm_90 GPU, FP4 weights, 128-row chunks (prefill), k % 64 == 0, n % 8
+/// == 0, unless switched off by [`crate::ops::set_fp4_wgmma`].
+pub(crate) fn uses_fp4_grouped_wgmma(
+    sm90: bool,
+    format: crate::ops::WeightFormat,
+    tile: u32,
+    p: &crate::params::GemmParams,
+) -> bool {
+    sm90 && format == crate::ops::WeightFormat::Fp4Row32
+        && tile == 128
+        && p.k.is_multiple_of(64)
+        && p.n.is_multiple_of(8)
+        && crate::ops::fp4_wgmma()
+}
+
+/// The kernel a grouped (MoE) GEMM over chunks of `tile` rows (at most `capacity`) launches on a
+/// GPU with `sm_count` SMs (`sm90`: compute capability 9.0).
 pub(crate) fn gemm_grouped_kernel(
     format: crate::ops::WeightFormat,
     tile: u32,
     capacity: u32,
     p: &crate::params::GemmParams,
     sm_count: u32,
+    sm90: bool,
 ) -> String {
+    if uses_fp4_grouped_wgmma(sm90, format, tile, p) {
+        return "di_gemm_fp4_wgmma".into();
+    }
     if uses_fp4_mma_decode(format, tile, p.n, p.k, p.quantize_x != 0) {
         let stream = fp4q_stream_grid(Some(capacity as u64 * (p.n / 16) as u64), sm_count, tile).is_some();
         return format!("di_gemm_fp4q_{}n{}", if stream { "stream_" } else { "" }, if tile <= 8 { 8 } else { 16 });
@@ -481,6 +502,52 @@ pub(crate) enum TcJobs<'a> {
     },
 }
 
+/// How [`rows_fp8`] lays out the copied rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowOrder {
+    /// k in order.
+    Plain,
+    /// Each 64-wide block of k in the order `di_gemm_fp4_wgmma` reads x.
+    Fp4Wgmma,
+}
+
+/// Rows 0..rows of x [.., k] (k % 128 == 0), or with `gather` = (row_pair, top_k) the token rows
+/// row_pair[r] / top_k, copied into a new [rows, k] buffer on the stream in `order`, rounded to
+/// FP8 per 1x128 block when `quantize` (`di_quantize_fp8_rows`: the official activation
+/// quantisation, exact in bf16). The caller checked that x holds every row read.
+pub(crate) fn rows_fp8(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    gather: Option<(&DeviceBuffer<i32>, u32)>,
+    rows: u32,
+    k: u32,
+    quantize: bool,
+    order: RowOrder,
+) -> Result<cudarc::driver::CudaSlice<half::bf16>> {
+    let s = stream.cuda_stream("gemm", "x")?;
+    // SAFETY: uninitialised; di_quantize_fp8_rows writes every element of rows * k.
+    let mut q = unsafe { s.alloc::<half::bf16>(rows as usize * k as usize) }?;
+    let qf = backend(stream).function("gemm", "di_quantize_fp8_rows")?;
+    let warps = rows as u64 * (k / 128) as u64;
+    let blocks = u32::try_from(warps.div_ceil(8))
+        .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
+    let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let none: u64 = 0;
+    let (div, round, permute) = (gather.map_or(1, |(_, d)| d), quantize as u32, (order == RowOrder::Fp4Wgmma) as u32);
+    let mut b = s.launch_builder(&qf);
+    b.arg(x.cuda());
+    match gather {
+        Some((g, _)) => b.arg(g.cuda()),
+        None => b.arg(&none),
+    };
+    b.arg(&div).arg(&mut q).arg(&rows).arg(&k).arg(&round).arg(&permute);
+    // SAFETY: di_quantize_fp8_rows takes (x, gather, gather_div, out, rows, k, quantize, permute); q holds
+    // rows * k; x holds every source row (rows of x, or gather[r] / div for r < rows: the caller
+    // checked); k % 128 == 0.
+    unsafe { b.launch(qc) }?;
+    Ok(q)
+}
+
 /// Launch the tensor-core GEMM (and its split-k reduce). `gather`: x rows through a dispatch's
 /// row_pair divided by top_k. The caller checked every length against `p` (p.m rows of y).
 #[allow(clippy::too_many_arguments)]
@@ -498,6 +565,9 @@ pub(crate) fn gemm_tc_launch(
     if let TcJobs::Grouped { tile, .. } = &jobs {
         if uses_fp4_mma_decode(format, *tile, p.n, p.k, p.quantize_x != 0) {
             return gemm_fp4q_launch(stream, x, gather, w, scale, y, p, jobs);
+        }
+        if uses_fp4_grouped_wgmma(backend(stream).is_sm90(), format, *tile, p) {
+            return super::wgmma::gemm_fp4_grouped_launch(stream, x, gather, w, scale, y, p, &jobs);
         }
     }
     let f = match format {
@@ -524,17 +594,7 @@ pub(crate) fn gemm_tc_launch(
     let prequantize = p.quantize_x != 0 && (tiled || matches!(jobs, TcJobs::Grouped { .. }));
     let quantized = if prequantize {
         let rows = (x.len() / p.k as usize) as u32;
-        // SAFETY: uninitialised; di_quantize_fp8_rows writes every element of rows * k.
-        let mut q = unsafe { s.alloc::<half::bf16>(rows as usize * p.k as usize) }?;
-        let qf = backend(stream).function("gemm", "di_quantize_fp8_rows")?;
-        let warps = rows as u64 * (p.k / 128) as u64;
-        let blocks = u32::try_from(warps.div_ceil(8))
-            .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
-        let qc = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: di_quantize_fp8_rows takes (x, out, rows, k); x holds rows * k bf16 (rows = its
-        // length / k), q the same; k % 128 == 0.
-        unsafe { s.launch_builder(&qf).arg(x.cuda()).arg(&mut q).arg(&rows).arg(&p.k).launch(qc) }?;
-        Some(q)
+        Some(rows_fp8(stream, x, None, rows, p.k, true, RowOrder::Plain)?)
     } else {
         None
     };
@@ -810,13 +870,15 @@ mod tests {
         assert_eq!(fp4q_stream_grid(Some(1 << 20), 1, 8), g(2, 8));
         // The V4-Flash 64-token decode (304 chunks of 8 rows; gate n = 2048, down n = 4096).
         let gate = crate::params::GemmParams::new(384, 2048, 4096, true);
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132), "di_gemm_fp4q_stream_n8");
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 16, 304, &gate, 132), "di_gemm_fp4q_stream_n16");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132, true), "di_gemm_fp4q_stream_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 16, 304, &gate, 132, true), "di_gemm_fp4q_stream_n16");
         // One token (6 chunks x 128 tiles): a warp an item, blocks of two warps.
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 6, &gate, 132), "di_gemm_fp4q_stream_n8");
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 2, &gate, 132), "di_gemm_fp4q_n8");
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 128, 40, &gate, 132), "di_gemm_fp4_tile128");
-        assert_eq!(gemm_grouped_kernel(Fp8Block128, 8, 304, &gate, 132), "di_gemm_fp8_tc_m8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 6, &gate, 132, true), "di_gemm_fp4q_stream_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 2, &gate, 132, true), "di_gemm_fp4q_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 128, 40, &gate, 132, false), "di_gemm_fp4_tile128");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 128, 40, &gate, 132, true), "di_gemm_fp4_wgmma");
+        assert_eq!(gemm_grouped_kernel(Fp8Block128, 128, 40, &gate, 132, true), "di_gemm_fp8_tile128");
+        assert_eq!(gemm_grouped_kernel(Fp8Block128, 8, 304, &gate, 132, true), "di_gemm_fp8_tc_m8");
     }
 
     #[test]

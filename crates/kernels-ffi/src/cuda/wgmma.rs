@@ -28,9 +28,21 @@ unsafe impl cudarc::driver::DeviceRepr for TmaMap {}
 /// bytes (box_rows <= 256) with the 128-byte swizzle (the layout wgmma's K-major descriptors expect); reads past the matrix fill
 /// zeros. cols must be a multiple of 16 (TMA row strides), ptr 16-byte aligned (allocations are).
 pub(crate) fn tma_map_bytes_128(ptr: sys::CUdeviceptr, rows: u64, cols: u64, box_rows: u32) -> Result<TmaMap> {
+    tma_map_bytes(ptr, rows, cols, (128, box_rows), sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)
+}
+
+/// The map of a row-major byte matrix [rows, cols] read in boxes of `boxes` = (bytes, rows) (each
+/// at most 256; bytes a multiple of 16) with `swizzle`; reads past the matrix fill zeros.
+fn tma_map_bytes(
+    ptr: sys::CUdeviceptr,
+    rows: u64,
+    cols: u64,
+    boxes: (u32, u32),
+    swizzle: sys::CUtensorMapSwizzle,
+) -> Result<TmaMap> {
     let dims = [cols, rows];
     let strides = [cols];
-    let boxes = [128u32, box_rows];
+    let boxes = [boxes.0, boxes.1];
     let elem = [1u32, 1];
     let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
     // SAFETY: the arrays hold rank (2) entries (rank - 1 strides); the driver writes the map.
@@ -45,7 +57,7 @@ pub(crate) fn tma_map_bytes_128(ptr: sys::CUdeviceptr, rows: u64, cols: u64, box
             boxes.as_ptr(),
             elem.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            swizzle,
             sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
@@ -139,6 +151,88 @@ pub(crate) fn gemm_fp8_wgmma_launch(
         // SAFETY: partial holds splits * mn floats and y mn bf16 (checked by the op).
         unsafe { s.launch_builder(&r).arg(&pt).arg(y.cuda_mut()).arg(&mn32).arg(&splits).launch(rc) }?;
     }
+    Ok(())
+}
+
+/// Dynamic shared memory of `di_gemm_fp4_wgmma` (its static_assert in gemm_sm90.cu): alignment
+/// slack, six stages of a 128-row x tile and a 256-row raw W tile, two 32 KiB output staging
+/// blocks, twelve barriers.
+const GEMM_FP4_WGMMA_SMEM: u32 = 214_112;
+/// Threads of `di_gemm_fp4_wgmma`: a producer and two math warpgroups.
+const GEMM_FP4_WGMMA_THREADS: u32 = 384;
+/// Outputs (rows of W) one item of `di_gemm_fp4_wgmma` covers.
+const GEMM_FP4_WGMMA_OUTPUTS: u32 = 256;
+
+/// The grouped FP4 GEMM over a dispatch's 128-row chunks on the Hopper wgmma kernel: x's rows
+/// first gathered (through `gather`), rounded to FP8 (`p.quantize_x`) and reordered in k the way
+/// the kernel reads them, into a copy in one pass; then one persistent block per SM over (chunk,
+/// 256 outputs) items. The caller checked x, every expert's w and scale, y [p.m, n],
+/// k % 64 == 0, n % 8 == 0, chunks of 128 rows, and that the GPU is sm_90.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_fp4_grouped_launch(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    gather: Option<(&DeviceBuffer<i32>, u32)>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+    jobs: &super::launch::TcJobs<'_>,
+) -> Result<()> {
+    let super::launch::TcJobs::Grouped { chunks, num_chunks, capacity, w_stride, s_stride, .. } = jobs else {
+        return Err(crate::FfiError::shape("gemm_grouped", "jobs", "the FP4 wgmma kernel takes MoE chunks"));
+    };
+    let (wb, sb) = crate::ops::WeightFormat::Fp4Row32.bytes(p.n as usize, p.k as usize);
+    if *w_stride != wb as u64 || *s_stride != sb as u64 {
+        return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
+    }
+    let experts = w.len() as u64 / wb as u64;
+    if experts * p.n as u64 > i32::MAX as u64 || p.m as u64 > i32::MAX as u64 {
+        return Err(crate::FfiError::shape(
+            "gemm_grouped",
+            "w",
+            format!("{experts} experts x {} rows exceed the TMA coordinates (2^31)", p.n),
+        ));
+    }
+    let be = backend(stream);
+    let s = stream.cuda_stream("gemm_grouped", "x")?;
+    let xp =
+        super::launch::rows_fp8(stream, x, gather, p.m, p.k, p.quantize_x != 0, super::launch::RowOrder::Fp4Wgmma)?;
+    let f = be.function_with_smem("gemm_sm90", "di_gemm_fp4_wgmma", GEMM_FP4_WGMMA_SMEM)?;
+    let (x_ptr, _x_sync) = xp.device_ptr(s);
+    let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
+    let map_x = tma_map_bytes_128(x_ptr, p.m as u64, 2 * p.k as u64, 128)?;
+    let map_w = tma_map_bytes(
+        w_ptr,
+        experts * p.n as u64,
+        p.k as u64 / 2,
+        (32, GEMM_FP4_WGMMA_OUTPUTS),
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+    )?;
+    let items = *capacity as u64 * p.n.div_ceil(GEMM_FP4_WGMMA_OUTPUTS) as u64;
+    let cfg = LaunchConfig {
+        grid_dim: (items.min(be.sm_count() as u64).max(1) as u32, 1, 1),
+        block_dim: (GEMM_FP4_WGMMA_THREADS, 1, 1),
+        shared_mem_bytes: GEMM_FP4_WGMMA_SMEM,
+    };
+    // SAFETY: di_gemm_fp4_wgmma takes (map_x, map_w, sw, y, chunks, num_chunks, n, k); map_x
+    // describes the [p.m, k] bf16 rows it reads (the reordered copy, freed in stream order after
+    // the launch), map_w the experts' [experts * n, k / 2] FP4 bytes (both alive until
+    // queued: their sync guards); scale holds experts * n * k / 32 bytes, y [p.m, n] (checked by the
+    // op); the dispatch's chunks name experts < experts and rows < p.m, at most 128 each; k % 64 == 0
+    // and n % 8 == 0 as the kernel requires.
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&map_x)
+            .arg(&map_w)
+            .arg(scale.cuda())
+            .arg(y.cuda_mut())
+            .arg(chunks.cuda())
+            .arg(num_chunks.cuda())
+            .arg(&p.n)
+            .arg(&p.k)
+            .launch(cfg)
+    }?;
     Ok(())
 }
 
