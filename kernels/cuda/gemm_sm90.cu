@@ -257,7 +257,8 @@ DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma_rows, true)
 // shared tile: ~160 KB of shared-memory traffic a k step against ~96 KB now, and it was the bound).
 // Each math thread's 16 codes of a row for a k step are one 8-byte read and one scale group, in an
 // order of k that the launcher's pass over x (gather, FP8 rounding, this permutation) matches:
-// within each 64-wide block of k, x position 16 kk + 2 q + e + 8 h holds k = 16 q + kk + 4 e + 8 h.
+// within each 64-wide block of k, x position 16 kk + 2 q + e + 8 h holds k = 16 q + kk + 4 e + 8 h
+// (quant::fp4_wgmma_x_position, with its test against the fragment slots).
 //
 // A persistent 384-thread block per SM walks items (chunk, 256 outputs), chunk-major (the blocks in
 // flight share a chunk's x rows in L2). Warpgroup 0: one thread issues TMA loads of the x tile (128
@@ -266,26 +267,29 @@ DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma_rows, true)
 // into A fragments and run eight wgmma m64nNk16; the two take turns on the tensor cores. Outputs
 // leave transposed through shared memory as whole rows of y. Rows of the N past the chunk (the next
 // expert's, or zeros past the end) are computed and not written.
+constexpr int G4_MATH = 3;  // di_gemm_fp4_wgmma's math warpgroups (plus a producer warpgroup)
+
 #if DI_SM90
 namespace {
 
 constexpr int G4_BM = 128;                 // rows of x (tokens) per item at most
-constexpr int G4_BN = 256;                 // outputs per item: 128 per math warpgroup
+constexpr int G4_BN = 64 * G4_MATH;        // outputs per item: 64 per math warpgroup
 constexpr int G4_STAGES = 6;               // ring depth
 constexpr int G4_X = G4_BM * 128;          // x tile: 128 rows x 64 bf16
-constexpr int G4_WQ = G4_BN * 32;          // raw W tile: 256 rows x 64 e2m1
-constexpr int G4_OUT = G4_BM * 256;        // a math warpgroup's staging: 128 rows x 128 outputs bf16
+constexpr int G4_WQ = G4_BN * 32;          // raw W tile: 192 rows x 64 e2m1
+constexpr int G4_OUT = G4_BM * 128;        // a math warpgroup's staging: 128 rows x 64 outputs bf16
 // Dynamic shared memory (GEMM_FP4_WGMMA_SMEM in wgmma.rs): alignment slack, the ring's x and raw W
 // tiles, the two staging blocks, the full and empty barriers.
-constexpr int G4_SMEM = 1024 + G4_STAGES * (G4_X + G4_WQ) + 2 * G4_OUT + 2 * G4_STAGES * 8;
-static_assert(G4_SMEM == 214112, "wgmma.rs GEMM_FP4_WGMMA_SMEM");
+constexpr int G4_SMEM = 1024 + G4_STAGES * (G4_X + G4_WQ) + G4_MATH * G4_OUT + 2 * G4_STAGES * 8;
+static_assert(G4_SMEM == 185440, "wgmma.rs GEMM_FP4_WGMMA_SMEM");
 static_assert(G4_X % 1024 == 0, "swizzled tiles 1024-byte aligned");
 
 // Eight e2m1 codes (low nibble first) -> bf16 pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7), each
 // code's value times `scale`: the bf16 with a code's magnitude bits (e1 e0 m) at bits 8..6 and its
 // sign at 15 is exactly e2m1 x 2^-126 (0.5 lands on a subnormal, which bf16 multiplies keep), and
 // nibbles i and i + 4 sit 16 bits apart, so one shift and mask places both of a pair; then one
-// multiply by 2^(s - 1) (for ue8m0 s <= 128) gives e2m1 x 2^(s - 127), exactly.
+// multiply by 2^(s - 1) (for ue8m0 s <= 128) gives e2m1 x 2^(s - 127), exactly. CPU statement and
+// test: quant::fp4x8_to_bf16_pairs_lo126.
 __device__ __forceinline__ void fp4x8_to_bf16_pairs(uint32_t w, uint32_t scale, uint32_t (&p)[4]) {
     const uint32_t q[4] = {((w << 6) & 0x01C001C0u) | ((w << 12) & 0x80008000u),
                            ((w << 2) & 0x01C001C0u) | ((w << 8) & 0x80008000u),
@@ -312,92 +316,97 @@ __device__ __forceinline__ void fp4x8_to_bf16_pairs_any(uint32_t w, uint32_t s, 
 }
 
 // One math warpgroup's k loop and outputs for an item with N (32 .. 128) rows of x computed.
-// wrow: this thread's two W rows of each of its two m64 blocks in the raw tile (row g, g + 8 of
-// warp w's 16; the block's second 64 rows 64 apart); srow: their scale rows (null past n).
+// wrow: this thread's W rows g and g + 8 of warp w's 16 in the warpgroup's 64 (of the raw tile's
+// 256); srow: their scale rows (null past n).
 template <int N>
 __device__ __forceinline__ void fp4_wgmma_item(const uint8_t* ring_x, const uint8_t* ring_q, uint64_t* full,
-                                               uint64_t* empty, uint32_t& it, uint32_t nk, const uint8_t* const (&srow)[4],
+                                               uint64_t* empty, uint32_t& it, uint32_t nk, const uint8_t* const (&srow)[2],
                                                uint32_t wrow, uint8_t* stage, uint32_t cw, __nv_bfloat16* __restrict__ y,
                                                uint32_t n, uint32_t n0, uint32_t rows) {
     const uint32_t lane = threadIdx.x % 32, q = lane % 4;
-    float acc[2][N / 2];
+    float acc[N / 2];
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
+    for (int j = 0; j < N / 2; ++j) acc[j] = 0.f;
+    // Scales of rows g, g + 8: group q / 2 of a k step's two. (Loading 16 steps' scales at once,
+    // words picked per step, measured ~8% slower.)
+    auto scales = [&](uint32_t kb, uint32_t (&out)[2]) {
 #pragma unroll
-        for (int j = 0; j < N / 2; ++j) acc[b][j] = 0.f;
-    // Scales of this k step for rows (block b, half h) at [2 b + h]: group q / 2 of the step's two.
-    uint32_t sc[4], next[4];
-    auto load_scales = [&](uint32_t kb, uint32_t (&out)[4]) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) out[r] = srow[r] ? srow[r][2 * kb + q / 2] : 0u;
+        for (int h = 0; h < 2; ++h) out[h] = srow[h] ? srow[h][2 * kb + q / 2] : 0u;
     };
-    load_scales(0, next);
-    for (uint32_t kb = 0; kb < nk; ++kb, ++it) {
-        const uint32_t s = it % G4_STAGES;
+    // Widen the k step in ring slot it_k % STAGES into A fragments: frag[kk] = {(g, 2q..), (g + 8,
+    // 2q..), (g, 2q + 8..), (g + 8, 2q + 8..)} of k block kk.
+    auto widen = [&](uint32_t it_k, const uint32_t (&sc)[2], uint32_t (&frag)[4][4]) {
+        const uint32_t s = it_k % G4_STAGES;
+        mbar_wait(&full[s], (it_k / G4_STAGES) & 1);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) sc[r] = next[r];
-        if (kb + 1 < nk) load_scales(kb + 1, next);
-        mbar_wait(&full[s], (it / G4_STAGES) & 1);
-        // A fragments: frag[b][kk] = {(g, 2q..), (g + 8, 2q..), (g, 2q + 8..), (g + 8, 2q + 8..)}.
-        uint32_t frag[2][4][4];
+        for (int h = 0; h < 2; ++h) {
+            const uint2 raw = *reinterpret_cast<const uint2*>(ring_q + s * G4_WQ + (wrow + 8 * h) * 32 + 8 * q);
+            uint32_t lo[4], hi[4];
+            if (sc[h] <= 128) {
+                const uint32_t f = ((sc[h] + 126u) << 7) * 0x10001u;  // 2^(s - 1) twice, as bf16
+                fp4x8_to_bf16_pairs(raw.x, f, lo);
+                fp4x8_to_bf16_pairs(raw.y, f, hi);
+            } else {
+                fp4x8_to_bf16_pairs_any(raw.x, sc[h], lo);
+                fp4x8_to_bf16_pairs_any(raw.y, sc[h], hi);
+            }
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint2 raw = *reinterpret_cast<const uint2*>(ring_q + s * G4_WQ + (wrow + 64 * b + 8 * h) * 32 + 8 * q);
-                const uint32_t sv = sc[2 * b + h];
-                uint32_t lo[4], hi[4];
-                if (sv <= 128) {
-                    const uint32_t f = ((sv + 126u) << 7) * 0x10001u;  // 2^(s - 1) twice, as bf16
-                    fp4x8_to_bf16_pairs(raw.x, f, lo);
-                    fp4x8_to_bf16_pairs(raw.y, f, hi);
-                } else {
-                    fp4x8_to_bf16_pairs_any(raw.x, sv, lo);
-                    fp4x8_to_bf16_pairs_any(raw.y, sv, hi);
-                }
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {
-                    frag[b][kk][h] = lo[kk];
-                    frag[b][kk][2 + h] = hi[kk];
-                }
+            for (int kk = 0; kk < 4; ++kk) {
+                frag[kk][h] = lo[kk];
+                frag[kk][2 + h] = hi[kk];
             }
         }
-        const uint32_t xa = smem_addr(ring_x + s * G4_X);
-#pragma unroll
-        for (int b = 0; b < 2; ++b) wgmma_fence_regs(acc[b]);
+    };
+    // k step kb's MMAs from `cur`, then (while they run) step kb + 1 widened into `nxt`, whose
+    // previous MMAs (step kb - 1) are waited for first; step kb - 1's slot is then released.
+    uint32_t sc[2];
+    auto step = [&](uint32_t kb, const uint32_t (&cur)[4][4], uint32_t (&nxt)[4][4]) {
+        const uint32_t xa = smem_addr(ring_x + (it % G4_STAGES) * G4_X);
+        wgmma_fence_regs(acc);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int b = 0; b < 2; ++b) wgmma_rs_bf16<N>(acc[b], frag[b][kk], wgmma_desc_sw128(xa + kk * 32));
+        for (int kk = 0; kk < 4; ++kk) wgmma_rs_bf16<N>(acc, cur[kk], wgmma_desc_sw128(xa + kk * 32));
         wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int b = 0; b < 2; ++b) wgmma_fence_regs(acc[b]);
-        if (lane == 0) mbar_arrive(&empty[s]);
+        wgmma_wait<1>();
+        wgmma_fence_regs(acc);
+        if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % G4_STAGES]);
+        if (kb + 1 < nk) {
+            widen(it + 1, sc, nxt);
+            if (kb + 2 < nk) scales(kb + 2, sc);
+        }
+        ++it;
+    };
+    uint32_t fa[4][4], fb[4][4];
+    scales(0, sc);
+    widen(it, sc, fa);
+    if (nk > 1) scales(1, sc);
+    for (uint32_t kb = 0; kb < nk; kb += 2) {
+        step(kb, fa, fb);
+        if (kb + 1 < nk) step(kb + 1, fb, fa);
     }
-    // acc[b][4 j + i] is y^T at output o = 64 b + 16 w + g + 8 (i / 2), token t = 8 j + 2 q + i % 2.
-    // Transposed into the staging as [token][128 outputs] bf16, 16-byte chunks XOR-swizzled by
-    // (t / 2) % 8 (conflict-free stores), then whole rows out with 16-byte stores.
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
+    if (lane == 0) mbar_arrive(&empty[(it - 1) % G4_STAGES]);
+    // acc[4 j + i] is y^T at output o = 16 w + g + 8 (i / 2), token t = 8 j + 2 q + i % 2.
+    // Transposed into the staging as [token][64 outputs] bf16, 16-byte chunks XOR-swizzled by
+    // (t / 2) % 8 (conflict-free stores), then whole 128-byte rows out with 16-byte stores.
     const uint32_t warp = (threadIdx.x / 32) % 4, g = lane / 4;
     named_barrier(1 + cw, 128);  // the previous item's rows are out
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
+    for (int j = 0; j < N / 8; ++j)
 #pragma unroll
-        for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const uint32_t o = 64 * b + 16 * warp + g + 8 * (i / 2), t = 8 * j + 2 * q + i % 2;
-                const uint32_t at = t * 256 + (((o / 8) ^ ((t / 2) % 8)) * 16) + (o % 8) * 2;
-                *reinterpret_cast<__nv_bfloat16*>(stage + at) = __float2bfloat16_rn(acc[b][4 * j + i]);
-            }
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t o = 16 * warp + g + 8 * (i / 2), t = 8 * j + 2 * q + i % 2;
+            const uint32_t at = t * 128 + (((o / 8) ^ ((t / 2) % 8)) * 16) + (o % 8) * 2;
+            *reinterpret_cast<__nv_bfloat16*>(stage + at) = __float2bfloat16_rn(acc[4 * j + i]);
+        }
     named_barrier(1 + cw, 128);
-    const uint32_t tid = threadIdx.x % 128, cols = n > n0 + 128 * cw ? n - n0 - 128 * cw : 0;
-    for (uint32_t v = tid; v < rows * 16; v += 128) {
-        const uint32_t t = v / 16, c = v % 16;
+    const uint32_t tid = threadIdx.x % 128, cols = n > n0 + 64 * cw ? n - n0 - 64 * cw : 0;
+    for (uint32_t v = tid; v < rows * 8; v += 128) {
+        const uint32_t t = v / 8, c = v % 8;
         if (c * 8 < cols)
-            *reinterpret_cast<uint4*>(y + static_cast<size_t>(t) * n + n0 + 128 * cw + c * 8) =
-                *reinterpret_cast<const uint4*>(stage + t * 256 + ((c ^ ((t / 2) % 8)) * 16));
+            *reinterpret_cast<uint4*>(y + static_cast<size_t>(t) * n + n0 + 64 * cw + c * 8) =
+                *reinterpret_cast<const uint4*>(stage + t * 128 + ((c ^ ((t / 2) % 8)) * 16));
     }
 }
 
@@ -408,7 +417,7 @@ __device__ __forceinline__ void fp4_wgmma_item(const uint8_t* ring_x, const uint
 // swizzle); map_w: the experts' W bytes [experts * n, k / 2] back to back (box 256 rows x 32
 // bytes); sw: their scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <=
 // 128, 0), num_chunks[0] of them. k % 64 == 0, n % 8 == 0.
-extern "C" __global__ void __launch_bounds__(384, 1)
+extern "C" __global__ void __launch_bounds__(128 * (1 + G4_MATH), 1)
     di_gemm_fp4_wgmma(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,
                       const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y, const int4* __restrict__ chunks,
                       const int32_t* __restrict__ num_chunks, uint32_t n, uint32_t k) {
@@ -418,16 +427,16 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     uint8_t* ring_x = base;                        // x tiles
     uint8_t* ring_q = ring_x + G4_STAGES * G4_X;   // raw W tiles
     uint8_t* out_stage = ring_q + G4_STAGES * G4_WQ;
-    uint64_t* full = reinterpret_cast<uint64_t*>(out_stage + 2 * G4_OUT);
+    uint64_t* full = reinterpret_cast<uint64_t*>(out_stage + G4_MATH * G4_OUT);
     uint64_t* empty = full + G4_STAGES;
     const uint32_t nk = k / 64, tiles_n = (n + G4_BN - 1) / G4_BN;
     const uint32_t items = static_cast<uint32_t>(*num_chunks) * tiles_n;
-    ring_init(full, empty, G4_STAGES, 8);  // empty: lane 0 of each math warp
-    const int wg = threadIdx.x / 128;
+    ring_init(full, empty, G4_STAGES, 4 * G4_MATH);  // empty: lane 0 of each math warp
+    const uint32_t wg = threadIdx.x / 128;  // math warpgroups 0 .. G4_MATH - 1, then the producer
 
-    if (wg == 0) {
-        setmaxnreg_dec<40>();
-        if (threadIdx.x != 0) return;
+    if (wg == G4_MATH) {
+        setmaxnreg_dec<24>();
+        if (threadIdx.x != 128 * G4_MATH) return;
         tma_prefetch_map(&map_x);
         tma_prefetch_map(&map_w);
         uint32_t it = 0;  // k steps loaded so far: slot it % STAGES, pass it / STAGES
@@ -445,20 +454,20 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         return;
     }
 
-    setmaxnreg_inc<232>();
-    const uint32_t cw = wg - 1;  // outputs 128 cw .. + 128 of each item
+    setmaxnreg_inc<160>();
+    const uint32_t cw = wg;  // outputs 64 cw .. + 64 of each item
     const uint32_t lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-    const uint32_t wrow = 128 * cw + 16 * warp + lane / 4, groups = k / 32;
+    const uint32_t wrow = 64 * cw + 16 * warp + lane / 4, groups = k / 32;
     uint8_t* stage = out_stage + cw * G4_OUT;
     uint32_t it = 0;
     for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
         const int4 c = chunks[t / tiles_n];
         const uint32_t n0 = (t % tiles_n) * G4_BN, rows = static_cast<uint32_t>(c.z);
-        const uint8_t* srow[4];
+        const uint8_t* srow[2];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const uint32_t row = n0 + wrow + 64 * (r / 2) + 8 * (r % 2);
-            srow[r] = row < n ? sw + (static_cast<size_t>(c.x) * n + row) * groups : nullptr;
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t row = n0 + wrow + 8 * h;
+            srow[h] = row < n ? sw + (static_cast<size_t>(c.x) * n + row) * groups : nullptr;
         }
         __nv_bfloat16* yr = y + static_cast<size_t>(c.y) * n;
         switch ((rows + 31) / 32) {

@@ -2,7 +2,7 @@
 // the expert GEMMs are the grouped tensor-core GEMMs of gemm.cu.
 //
 // Pipeline for N tokens, E experts, top-k:
-//   di_moe_router_logits  f32 logits [N, E] = x · gate^T (bf16 in, fp32 sums)
+//   di_moe_router_logits_{s,l} f32 logits [N, E] = x · gate^T (bf16 tensor cores, fp32 sums; + _reduce)
 //   di_moe_route          top-k experts and weights per token (score or hash routing)
 //   di_moe_count          tokens per expert (one block per expert, no atomics)
 //   di_moe_plan           expert offsets, and the list of row chunks the grouped GEMM runs
@@ -13,12 +13,16 @@
 #include <stdint.h>
 
 #include "lowp.cuh"
+#include "cpasync.cuh"
+#include "mma.cuh"
 
 namespace {
 
 constexpr int ROUTE_MAX_PER_LANE = 16;  // experts <= 512
-constexpr int LOGIT_TOKENS = 16;        // tokens per block of the router GEMM
-constexpr int LOGIT_KT = 1024;          // k per shared-memory tile of the router GEMM
+constexpr int RL_K = 64;                // k per shared-memory step of the router GEMM
+constexpr int RL_LD = RL_K + 8;         // shared row stride in bf16 (144 bytes: ldmatrix conflict-free)
+constexpr int RL_SPLIT = 1024;          // k per split of the router GEMM (fixed: batch-invariant sums)
+constexpr int RL_STAGES = 4;            // cp.async ring depth of the router GEMM
 
 __device__ __forceinline__ float sqrt_softplus(float z) {
     // torch's softplus threshold: linear above 20.
@@ -29,55 +33,104 @@ __device__ __forceinline__ float silu(float v) { return v * (1.f / (1.f + expf(-
 
 }  // namespace
 
-// logits[t, e] = sum_d x[t, d] * w[e, d]: a warp per expert row, LOGIT_TOKENS tokens a block.
-// d % 8 == 0.
-extern "C" __global__ void __launch_bounds__(256) di_moe_router_logits(const __nv_bfloat16* __restrict__ x,
-                                                                       const __nv_bfloat16* __restrict__ w,
-                                                                       float* __restrict__ logits, uint32_t tokens,
-                                                                       uint32_t experts, uint32_t d) {
-    __shared__ __align__(16) __nv_bfloat16 xs[LOGIT_TOKENS * LOGIT_KT];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t e = blockIdx.x * 8 + warp, t0 = blockIdx.y * LOGIT_TOKENS;
-    const uint32_t nt = min(static_cast<uint32_t>(LOGIT_TOKENS), tokens - t0);
-    float acc[LOGIT_TOKENS];
-    #pragma unroll
-    for (int m = 0; m < LOGIT_TOKENS; ++m) acc[m] = 0.f;
-    for (uint32_t k0 = 0; k0 < d; k0 += LOGIT_KT) {
-        const uint32_t kt = min(static_cast<uint32_t>(LOGIT_KT), d - k0), per_row = kt / 8;
-        __syncthreads();
-        for (uint32_t i = threadIdx.x; i < LOGIT_TOKENS * per_row; i += blockDim.x) {
-            const uint32_t m = i / per_row, v = i % per_row;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (m < nt) val = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(t0 + m) * d + k0 + v * 8);
-            *reinterpret_cast<uint4*>(xs + m * LOGIT_KT + v * 8) = val;
+// Router logits on bf16 tensor cores: partial[z][t, e] = sum over k in split z (RL_SPLIT wide) of
+// x[t, k] w[e, k]. Products of bf16 values are exact in fp32 and each output sums its k16 MMA
+// results in increasing k from zero, so a token's logits depend on neither its batch nor the tile
+// shape (the two shapes below give the same bits); di_moe_router_logits_reduce adds the splits in
+// order. Warps as TW token groups (16 tokens) x EW expert groups (32 experts); k in steps of 64
+// through a ring of RL_STAGES shared-memory slots filled by cp.async (zeros past d). d % 8 == 0.
+template <int TW, int EW>
+__device__ __forceinline__ void router_logits_tc(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                                 float* __restrict__ partial, uint32_t tokens, uint32_t experts,
+                                                 uint32_t d) {
+    constexpr int TOK = 16 * TW, EXP = 32 * EW, THREADS = 32 * TW * EW;
+    constexpr int STAGE = (TOK + EXP) * RL_LD;  // bf16 elements: the x tile, then the gate tile
+    extern __shared__ __align__(16) __nv_bfloat16 rl_smem[];  // RL_STAGES stages (router_logits_smem)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / EW, wn = warp % EW;
+    const uint32_t t0 = blockIdx.y * TOK, e0 = blockIdx.x * EXP;
+    const uint32_t kbeg = blockIdx.z * RL_SPLIT, kend = min(d, kbeg + RL_SPLIT);
+    const uint32_t steps = (kend - kbeg + RL_K - 1) / RL_K;
+    // Step `st`'s tiles into its ring slot by 16-byte cp.async, zeros past tokens, experts and d.
+    auto issue = [&](uint32_t st) {
+        const uint32_t k0 = kbeg + st * RL_K;
+        __nv_bfloat16* xs = rl_smem + (st % RL_STAGES) * STAGE;
+        __nv_bfloat16* ws = xs + TOK * RL_LD;
+        for (int i = tid; i < TOK * 8; i += THREADS) {
+            const uint32_t r = i / 8, v = i % 8;
+            const bool ok = t0 + r < tokens && k0 + v * 8 < kend;
+            cp_async16(xs + r * RL_LD + v * 8, ok ? x + static_cast<size_t>(t0 + r) * d + k0 + v * 8 : x, ok);
         }
-        __syncthreads();
-        if (e >= experts) continue;
-        for (uint32_t v = lane; v < per_row; v += 32) {
-            const uint4 wv = __ldg(reinterpret_cast<const uint4*>(w + static_cast<size_t>(e) * d + k0 + v * 8));
-            const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
-            #pragma unroll
-            for (int m = 0; m < LOGIT_TOKENS; ++m) {
-                const uint4 xv = *reinterpret_cast<const uint4*>(xs + m * LOGIT_KT + v * 8);
-                const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
-                float s = acc[m];
-                #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    s = fmaf(__uint_as_float(ww[j] << 16), __uint_as_float(xx[j] << 16), s);
-                    s = fmaf(__uint_as_float(ww[j] & 0xffff0000u), __uint_as_float(xx[j] & 0xffff0000u), s);
-                }
-                acc[m] = s;
+        for (int i = tid; i < EXP * 8; i += THREADS) {
+            const uint32_t r = i / 8, v = i % 8;
+            const bool ok = e0 + r < experts && k0 + v * 8 < kend;
+            cp_async16(ws + r * RL_LD + v * 8, ok ? w + static_cast<size_t>(e0 + r) * d + k0 + v * 8 : w, ok);
+        }
+    };
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+    for (int st = 0; st < RL_STAGES - 1; ++st) {
+        if (st < static_cast<int>(steps)) issue(st);
+        cp_async_commit();
+    }
+    for (uint32_t st = 0; st < steps; ++st) {
+        cp_async_wait_pending<RL_STAGES - 2>();  // step st has landed (this thread's copies)
+        __syncthreads();                          // ... everyone's; and step st - 1's slot is free
+        if (st + RL_STAGES - 1 < steps) issue(st + RL_STAGES - 1);
+        cp_async_commit();
+        const __nv_bfloat16* xs = rl_smem + (st % RL_STAGES) * STAGE;
+        const __nv_bfloat16* ws = xs + TOK * RL_LD;
+#pragma unroll
+        for (int kk = 0; kk < RL_K; kk += 16) {
+            uint32_t a[4];
+            ldmatrix_x4(a, xs + (wm * 16 + (lane % 16)) * RL_LD + kk + (lane / 16) * 8);
+#pragma unroll
+            for (int nj = 0; nj < 2; ++nj) {
+                uint32_t b[4];
+                ldmatrix_x4(b, ws + (wn * 32 + nj * 16 + (lane / 16) * 8 + (lane % 8)) * RL_LD + kk + ((lane / 8) % 2) * 8);
+                mma_bf16(acc[2 * nj], a, b[0], b[1]);
+                mma_bf16(acc[2 * nj + 1], a, b[2], b[3]);
             }
         }
     }
-    if (e >= experts) return;
-    #pragma unroll
-    for (int m = 0; m < LOGIT_TOKENS; ++m) {
-        float v = acc[m];
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0 && static_cast<uint32_t>(m) < nt) logits[static_cast<size_t>(t0 + m) * experts + e] = v;
-    }
+    // acc[ni]: tokens wm * 16 + g (+ 8), experts wn * 32 + ni * 8 + 2 q (+ 1).
+    const uint32_t g = lane / 4, q = lane % 4;
+    float* out = partial + static_cast<size_t>(blockIdx.z) * tokens * experts;
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t t = t0 + wm * 16 + g + 8 * h, e = e0 + wn * 32 + ni * 8 + 2 * q;
+            if (t >= tokens) continue;
+            if (e < experts) out[static_cast<size_t>(t) * experts + e] = acc[ni][2 * h];
+            if (e + 1 < experts) out[static_cast<size_t>(t) * experts + e + 1] = acc[ni][2 * h + 1];
+        }
+}
+
+// Blocks of 64 tokens x 32 experts (4 warps: few tokens, many blocks) and of 64 tokens x 128
+// experts (16 warps: x read 4x fewer times); grid (experts / tile, tokens / 64, d / RL_SPLIT).
+extern "C" __global__ void __launch_bounds__(128) di_moe_router_logits_s(const __nv_bfloat16* __restrict__ x,
+                                                                         const __nv_bfloat16* __restrict__ w,
+                                                                         float* __restrict__ partial, uint32_t tokens,
+                                                                         uint32_t experts, uint32_t d) {
+    router_logits_tc<4, 1>(x, w, partial, tokens, experts, d);
+}
+extern "C" __global__ void __launch_bounds__(512) di_moe_router_logits_l(const __nv_bfloat16* __restrict__ x,
+                                                                         const __nv_bfloat16* __restrict__ w,
+                                                                         float* __restrict__ partial, uint32_t tokens,
+                                                                         uint32_t experts, uint32_t d) {
+    router_logits_tc<4, 4>(x, w, partial, tokens, experts, d);
+}
+
+// logits[i] = sum over splits of partial[split][i], in split order.
+extern "C" __global__ void di_moe_router_logits_reduce(const float* __restrict__ partial, float* __restrict__ logits,
+                                                       uint32_t n, uint32_t splits) {
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = partial[i];
+    for (uint32_t s = 1; s < splits; ++s) v += partial[static_cast<size_t>(s) * n + i];
+    logits[i] = v;
 }
 
 // One warp per token. Scores s = sqrt(softplus(z)). Score routing (tid2eid null): the top_k of

@@ -59,6 +59,32 @@ pub fn fp4x8_to_f16_pairs_lo14(w: u32) -> [u32; 4] {
     ]
 }
 
+/// Eight e2m1 codes as the four bf16 pairs the Hopper grouped FP4 prefill GEMM widens them to
+/// (`fp4x8_to_bf16_pairs` in kernels/cuda/gemm_sm90.cu, the same bit operations, before its scale
+/// multiply): pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7), low half first, each value times
+/// 2^-126. A code s|e1 e0|m placed at bits 15 and 8..6 of a bf16 is s|0..0 e1 e0|m 0..0, exactly
+/// the code's value times 2^-126 (0.5 is a bf16 subnormal); the kernel then multiplies by 2^(s-1)
+/// for the group's ue8m0 scale s <= 128, which is exact.
+pub fn fp4x8_to_bf16_pairs_lo126(w: u32) -> [u32; 4] {
+    [
+        ((w << 6) & 0x01C0_01C0) | ((w << 12) & 0x8000_8000),
+        ((w << 2) & 0x01C0_01C0) | ((w << 8) & 0x8000_8000),
+        ((w >> 2) & 0x01C0_01C0) | ((w << 4) & 0x8000_8000),
+        ((w >> 6) & 0x01C0_01C0) | (w & 0x8000_8000),
+    ]
+}
+
+/// Where element k of an x row goes in the copy the Hopper grouped FP4 prefill GEMM reads
+/// (`di_quantize_fp8_rows` with `permute`): within each 64-wide block, k = 16 q + 8 h + 4 e + kk goes
+/// to 16 kk + 2 q + e + 8 h. That is the k of the wgmma A-fragment slot (k block kk, column
+/// 2 q + e + 8 h) that math thread q fills from nibble kk + 4 e of word h of its 8 bytes of a W row
+/// (bytes 8 q to 8 q + 7 of the block's 32: codes of k = 16 q to 16 q + 15, one scale group).
+pub fn fp4_wgmma_x_position(k: usize) -> usize {
+    let b = k % 64;
+    let (q, h, e, kk) = (b / 16, (b / 8) % 2, (b / 4) % 2, b % 4);
+    k - b + 16 * kk + 2 * q + e + 8 * h
+}
+
 /// Dequantise an FP8 [n, k] weight with ue8m0 scales over [bn, bk] blocks.
 pub fn dequant_fp8_blocks(q: &[u8], scale: &[u8], n: usize, k: usize, block: [usize; 2]) -> Vec<f32> {
     let kb = k.div_ceil(block[1]);
@@ -178,6 +204,66 @@ mod tests {
             let v = e4m3_to_f32(b);
             if v.is_finite() {
                 assert_eq!(round_e4m3(v), v, "byte {b:#x}");
+            }
+        }
+    }
+
+    /// The bf16 widening of the Hopper FP4 prefill GEMM: every code in every position lands in its
+    /// pair and half as exactly its value times 2^-126, and times 2^(s-1) it is exactly the value
+    /// times the ue8m0 scale 2^(s-127), representable in bf16, for every s <= 128.
+    #[test]
+    fn fp4_codes_as_bf16_pairs_are_exact() {
+        let lo126 = 2f32.powi(-126);
+        let check = |w: u32| {
+            let h = fp4x8_to_bf16_pairs_lo126(w);
+            for (i, v) in (0..8).map(|i| (i, (w >> (4 * i)) & 0xF)) {
+                let (reg, high) = (i % 4, i >= 4);
+                let bits = if high { h[reg] >> 16 } else { h[reg] & 0xFFFF } as u16;
+                let got = half::bf16::from_bits(bits).to_f32();
+                let want = FP4_LUT[v as usize] * lo126;
+                assert!(
+                    got == want && got.is_sign_negative() == want.is_sign_negative(),
+                    "word {w:#x} element {i}: {got} != {want}"
+                );
+                for s in 0..=128u8 {
+                    let scaled = got * 2f32.powi(s as i32 - 1);
+                    let want = FP4_LUT[v as usize] * e8m0_to_f32(s);
+                    assert_eq!(scaled, want, "code {v} scale {s}");
+                    assert_eq!(half::bf16::from_f32(scaled).to_f32(), scaled, "code {v} scale {s} not exact in bf16");
+                }
+            }
+        };
+        for code in 0..16u32 {
+            for pos in 0..8 {
+                let w = (0..8).fold(0u32, |acc, i| acc | (((code + i) % 16) << (4 * i)));
+                check(w & !(0xF << (4 * pos)) | (code << (4 * pos)));
+            }
+        }
+    }
+
+    /// The x order of the Hopper FP4 prefill GEMM is a permutation of each 64-wide block, and the
+    /// slot that math thread q fills from nibble j of word h of its bytes holds that code's k.
+    #[test]
+    fn fp4_wgmma_x_order_matches_the_fragments() {
+        for base in [0usize, 64, 4032] {
+            let mut seen = [false; 64];
+            for k in base..base + 64 {
+                let p = fp4_wgmma_x_position(k);
+                assert!((base..base + 64).contains(&p), "k {k} -> {p}");
+                assert!(!seen[p - base], "k {k}: position {p} taken twice");
+                seen[p - base] = true;
+            }
+        }
+        for q in 0..4 {
+            for h in 0..2 {
+                for j in 0..8 {
+                    // Nibble j of word h of thread q's bytes 8 q .. 8 q + 7: k = 16 q + 8 h + j.
+                    let k = 16 * q + 8 * h + j;
+                    // The widening pairs nibbles kk and kk + 4 of a word into A-fragment register kk
+                    // (word 0: columns 2 q, 2 q + 1; word 1: 2 q + 8, 2 q + 9 of k block kk).
+                    let (kk, e) = (j % 4, j / 4);
+                    assert_eq!(fp4_wgmma_x_position(k), 16 * kk + 2 * q + e + 8 * h, "q {q} h {h} nibble {j}");
+                }
             }
         }
     }

@@ -27,23 +27,67 @@ pub(crate) fn router_logits(
     experts: u32,
     d: u32,
 ) -> Result<()> {
-    let f = backend(stream).function("moe", "di_moe_router_logits")?;
+    let be = backend(stream);
     let s = stream.cuda_stream("router_logits", "x")?;
-    // 8 experts (warps) and 16 tokens (LOGIT_TOKENS in moe.cu) a block.
-    let c = cfg((experts.div_ceil(8), tokens.div_ceil(16), 1), 256);
-    // SAFETY: matches di_moe_router_logits; the op checked x [tokens, d], gate [experts, d],
-    // logits [tokens, experts] and d % 8 == 0; the kernel bounds-checks experts and tokens.
-    unsafe {
-        s.launch_builder(&f)
-            .arg(x.cuda())
-            .arg(gate.cuda())
-            .arg(logits.cuda_mut())
-            .arg(&tokens)
-            .arg(&experts)
-            .arg(&d)
-            .launch(c)
-    }?;
+    let (kernel, threads, tile) = router_logits_tile(tokens);
+    let smem = router_logits_smem(tile);
+    let f = be.function_with_smem("moe", kernel, smem)?;
+    let splits = d.div_ceil(ROUTER_SPLIT);
+    let n = tokens as u64 * experts as u64;
+    let n32 = u32::try_from(n)
+        .map_err(|_| crate::FfiError::shape("router_logits", "tokens", "tokens x experts exceeds u32"))?;
+    // SAFETY: uninitialised; with several splits every block writes its split's [tokens, experts]
+    // slice in full before the reduce, later on the stream, reads it.
+    let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * n) as usize) }?) } else { None };
+    let c = LaunchConfig {
+        grid_dim: (experts.div_ceil(tile), tokens.div_ceil(64), splits),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    let mut b = s.launch_builder(&f);
+    b.arg(x.cuda()).arg(gate.cuda());
+    match partial.as_mut() {
+        Some(p) => b.arg(p),
+        None => b.arg(logits.cuda_mut()),
+    };
+    b.arg(&tokens).arg(&experts).arg(&d);
+    // SAFETY: matches di_moe_router_logits_{s,l} (x, gate, partial, tokens, experts, d); the op checked
+    // x [tokens, d], gate [experts, d], logits [tokens, experts] and d % 8 == 0; partial holds splits
+    // x tokens x experts (or is logits with one split); the kernel bounds-checks tokens, experts and k.
+    unsafe { b.launch(c) }?;
+    if let Some(p) = partial {
+        let r = be.function("moe", "di_moe_router_logits_reduce")?;
+        // SAFETY: partial holds splits * n floats and logits n (checked by the op).
+        unsafe {
+            s.launch_builder(&r)
+                .arg(&p)
+                .arg(logits.cuda_mut())
+                .arg(&n32)
+                .arg(&splits)
+                .launch(cfg((n32.div_ceil(256), 1, 1), 256))
+        }?;
+    }
     Ok(())
+}
+
+/// k per split of the router GEMM (`RL_SPLIT` in moe.cu): fixed, so the sums do not depend on the batch.
+const ROUTER_SPLIT: u32 = 1024;
+
+/// Dynamic shared memory of the router GEMM with blocks of 64 tokens x `experts`: RL_STAGES (4)
+/// slots of the x and gate tiles, 64 k (72-element padded rows) of bf16 each.
+fn router_logits_smem(experts: u32) -> u32 {
+    4 * (64 + experts) * 72 * 2
+}
+
+/// The router GEMM kernel for `tokens`, its threads and experts per block: 64 tokens x 32 experts a
+/// block up to 64 tokens (the most blocks for reading the gate), 64 x 128 above (x read 4x fewer
+/// times). Both sum every output in the same order, so the choice changes no bit.
+fn router_logits_tile(tokens: u32) -> (&'static str, u32, u32) {
+    if tokens <= 64 {
+        ("di_moe_router_logits_s", 128, 32)
+    } else {
+        ("di_moe_router_logits_l", 512, 128)
+    }
 }
 
 pub(crate) fn route(

@@ -155,13 +155,13 @@ pub(crate) fn gemm_fp8_wgmma_launch(
 }
 
 /// Dynamic shared memory of `di_gemm_fp4_wgmma` (its static_assert in gemm_sm90.cu): alignment
-/// slack, six stages of a 128-row x tile and a 256-row raw W tile, two 32 KiB output staging
+/// slack, six stages of a 128-row x tile and a 192-row raw W tile, three 16 KiB output staging
 /// blocks, twelve barriers.
-const GEMM_FP4_WGMMA_SMEM: u32 = 214_112;
-/// Threads of `di_gemm_fp4_wgmma`: a producer and two math warpgroups.
-const GEMM_FP4_WGMMA_THREADS: u32 = 384;
-/// Outputs (rows of W) one item of `di_gemm_fp4_wgmma` covers.
-const GEMM_FP4_WGMMA_OUTPUTS: u32 = 256;
+const GEMM_FP4_WGMMA_SMEM: u32 = 185_440;
+/// Threads of `di_gemm_fp4_wgmma`: three math warpgroups and a producer warpgroup.
+const GEMM_FP4_WGMMA_THREADS: u32 = 4 * 128;
+/// Outputs (rows of W) one item of `di_gemm_fp4_wgmma` covers: 64 per math warpgroup.
+const GEMM_FP4_WGMMA_OUTPUTS: u32 = 192;
 
 /// The grouped FP4 GEMM over a dispatch's 128-row chunks on the Hopper wgmma kernel: x's rows
 /// first gathered (through `gather`), rounded to FP8 (`p.quantize_x`) and reordered in k the way
