@@ -208,17 +208,39 @@ mod tests {
         }
     }
 
+    /// Words of eight e2m1 codes covering each code in each position (the other nibbles cycling
+    /// through the codes), then 10,000 words of random bits.
+    fn fp4_code_words() -> impl Iterator<Item = u32> {
+        let placed = (0..16u32).flat_map(|code| {
+            (0..8).map(move |pos| {
+                let w = (0..8).fold(0u32, |acc, i| acc | (((code + i) % 16) << (4 * i)));
+                w & !(0xF << (4 * pos)) | (code << (4 * pos))
+            })
+        });
+        let random = (0..10_000).scan(0x9E37_79B9_7F4A_7C15u64, |z, _| {
+            *z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            Some((*z >> 32) as u32)
+        });
+        placed.chain(random)
+    }
+
+    /// Each element i of word w with the 16 bits its widening gives it (pairs (v0, v4), (v1, v5),
+    /// (v2, v6), (v3, v7), low half first), and its code.
+    fn fp4_pair_halves(w: u32, pairs: [u32; 4]) -> impl Iterator<Item = (usize, u16, u32)> {
+        (0..8).map(move |i| {
+            let bits = if i >= 4 { pairs[i % 4] >> 16 } else { pairs[i % 4] & 0xFFFF } as u16;
+            (i, bits, (w >> (4 * i)) & 0xF)
+        })
+    }
+
     /// The bf16 widening of the Hopper FP4 prefill GEMM: every code in every position lands in its
     /// pair and half as exactly its value times 2^-126, and times 2^(s-1) it is exactly the value
     /// times the ue8m0 scale 2^(s-127), representable in bf16, for every s <= 128.
     #[test]
     fn fp4_codes_as_bf16_pairs_are_exact() {
         let lo126 = 2f32.powi(-126);
-        let check = |w: u32| {
-            let h = fp4x8_to_bf16_pairs_lo126(w);
-            for (i, v) in (0..8).map(|i| (i, (w >> (4 * i)) & 0xF)) {
-                let (reg, high) = (i % 4, i >= 4);
-                let bits = if high { h[reg] >> 16 } else { h[reg] & 0xFFFF } as u16;
+        for w in fp4_code_words() {
+            for (i, bits, v) in fp4_pair_halves(w, fp4x8_to_bf16_pairs_lo126(w)) {
                 let got = half::bf16::from_bits(bits).to_f32();
                 let want = FP4_LUT[v as usize] * lo126;
                 assert!(
@@ -227,16 +249,9 @@ mod tests {
                 );
                 for s in 0..=128u8 {
                     let scaled = got * 2f32.powi(s as i32 - 1);
-                    let want = FP4_LUT[v as usize] * e8m0_to_f32(s);
-                    assert_eq!(scaled, want, "code {v} scale {s}");
+                    assert_eq!(scaled, FP4_LUT[v as usize] * e8m0_to_f32(s), "code {v} scale {s}");
                     assert_eq!(half::bf16::from_f32(scaled).to_f32(), scaled, "code {v} scale {s} not exact in bf16");
                 }
-            }
-        };
-        for code in 0..16u32 {
-            for pos in 0..8 {
-                let w = (0..8).fold(0u32, |acc, i| acc | (((code + i) % 16) << (4 * i)));
-                check(w & !(0xF << (4 * pos)) | (code << (4 * pos)));
             }
         }
     }
@@ -274,11 +289,8 @@ mod tests {
     #[test]
     fn fp4_codes_as_f16_pairs_are_exact() {
         let lo14 = 2f32.powi(-14);
-        let check = |w: u32| {
-            let h = fp4x8_to_f16_pairs_lo14(w);
-            for (i, v) in (0..8).map(|i| (i, (w >> (4 * i)) & 0xF)) {
-                let (reg, high) = (i % 4, i >= 4);
-                let bits = if high { h[reg] >> 16 } else { h[reg] & 0xFFFF } as u16;
+        for w in fp4_code_words() {
+            for (i, bits, v) in fp4_pair_halves(w, fp4x8_to_f16_pairs_lo14(w)) {
                 let got = half::f16::from_bits(bits).to_f32();
                 let want = FP4_LUT[v as usize] * lo14;
                 assert!(
@@ -286,19 +298,6 @@ mod tests {
                     "word {w:#x} element {i}: {got} != {want}"
                 );
             }
-        };
-        // Each code in each position (the other nibbles cycling through the codes), then words of
-        // random bits.
-        for code in 0..16u32 {
-            for pos in 0..8 {
-                let w = (0..8).fold(0u32, |acc, i| acc | (((code + i) % 16) << (4 * i)));
-                check(w & !(0xF << (4 * pos)) | (code << (4 * pos)));
-            }
-        }
-        let mut z = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..10_000 {
-            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            check((z >> 32) as u32);
         }
         for b in 0..=255u8 {
             let v = e4m3_to_f32(b);
