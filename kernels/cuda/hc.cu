@@ -76,60 +76,90 @@ __device__ void mix_partial(const float* __restrict__ x, const float* __restrict
     __syncthreads();
 }
 
-// The mixes of many tokens: a block per 16 tokens (four di_hc_pre tiles), warp w owning mixes
-// 3w..3w+2 (24 = 8 warps x 3) for all 16 tokens, lanes striding over the flattened streams, warp 0
-// also summing the squares. Each block reads the fn weights once for 16 tokens (the one-pass path
-// re-reads them per 4). Writes partial[0][tile][TOK][MAXW + 1] for the block's four tiles, the
-// layout di_hc_pre reads with splits = 1.
+// The mixes of many tokens: a block per 16 tokens (four di_hc_pre tiles), warp w owning tokens
+// 2w, 2w + 1 and all their mixes, lanes striding over the flattened streams (4 consecutive values
+// a lane when n·D % 4 == 0). The fn weights go through shared memory in chunks of MIX_KC, read
+// once per block; each token's streams are read once (the earlier form, warps owning mixes, read
+// them once per warp: 0.73 ms at 4096 tokens). Writes partial[0][tile][TOK][MAXW + 1] for the
+// block's four tiles, the layout di_hc_pre reads with splits = 1.
 constexpr int TOK16 = 16;
+constexpr int MIX_KC = 256;  // flattened-stream values per shared-memory chunk of fn
 extern "C" __global__ void __launch_bounds__(THREADS) di_hc_mix16(const float* __restrict__ x,
                                                                   const float* __restrict__ fn_w,
                                                                   float* __restrict__ partial, uint32_t tokens,
                                                                   uint32_t n, uint32_t dim, uint32_t head) {
+    __shared__ __align__(16) float ws[MAXW * MIX_KC];
     const uint32_t nd = n * dim;
     const uint32_t width = head ? n : (2 + n) * n;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t t0 = blockIdx.x * TOK16;
-    const uint32_t live = min(static_cast<uint32_t>(TOK16), tokens - t0);
-    float acc[TOK16][3];
-    float ss[TOK16];
+    const uint32_t t0 = blockIdx.x * TOK16 + 2 * warp;  // this warp's two tokens
+    const bool vec = nd % 4 == 0;
+    float acc[2][MAXW], ss[2];
 #pragma unroll
-    for (int t = 0; t < TOK16; ++t) {
+    for (int t = 0; t < 2; ++t) {
         ss[t] = 0.f;
 #pragma unroll
-        for (int j = 0; j < 3; ++j) acc[t][j] = 0.f;
+        for (int o = 0; o < MAXW; ++o) acc[t][o] = 0.f;
     }
-    for (uint32_t k = lane; k < nd; k += 32) {
-        float w[3];
+    // acc[t][o] += fn[o][k .. k + V) . x[t][k .. k + V) for the V values at chunk offset kk.
+    auto accumulate = [&](const float (&xv)[2][4], uint32_t kk, int v) {
 #pragma unroll
-        for (int j = 0; j < 3; ++j) {
-            const uint32_t o = 3 * warp + j;
-            w[j] = o < width ? fn_w[static_cast<size_t>(o) * nd + k] : 0.f;
-        }
+        for (int t = 0; t < 2; ++t)
+            for (int e = 0; e < v; ++e) ss[t] += xv[t][e] * xv[t][e];
 #pragma unroll
-        for (int t = 0; t < TOK16; ++t) {
-            const float xv = static_cast<uint32_t>(t) < live ? x[static_cast<size_t>(t0 + t) * nd + k] : 0.f;
-            if (warp == 0) ss[t] += xv * xv;
-#pragma unroll
-            for (int j = 0; j < 3; ++j) acc[t][j] += w[j] * xv;
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < TOK16; ++t) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float v = j < 3 ? acc[t][j] : ss[t];
-            for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
-            if (lane != 0) continue;
-            // Tile (blockIdx.x * 4 + t / TOK), token t % TOK of it.
-            float* out = partial + (static_cast<size_t>(blockIdx.x) * 4 + t / TOK) * TOK * (MAXW + 1) +
-                         static_cast<size_t>(t % TOK) * (MAXW + 1);
-            if (j < 3) {
-                const uint32_t o = 3 * warp + j;
-                if (o < MAXW) out[o] = v;
-            } else if (warp == 0) {
-                out[MAXW] = v;
+        for (int o = 0; o < MAXW; ++o) {
+            if (o >= static_cast<int>(width)) continue;
+            float w[4];
+            if (v == 4) {
+                const float4 w4 = *reinterpret_cast<const float4*>(ws + o * MIX_KC + kk);
+                w[0] = w4.x, w[1] = w4.y, w[2] = w4.z, w[3] = w4.w;
+            } else {
+                w[0] = ws[o * MIX_KC + kk];
             }
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+                for (int e = 0; e < v; ++e) acc[t][o] += w[e] * xv[t][e];
+        }
+    };
+    for (uint32_t c0 = 0; c0 < nd; c0 += MIX_KC) {
+        const uint32_t kc = min(static_cast<uint32_t>(MIX_KC), nd - c0);
+        __syncthreads();  // the previous chunk's weights are used
+        for (uint32_t i = threadIdx.x; i < width * MIX_KC; i += THREADS) {
+            const uint32_t o = i / MIX_KC, kk = i % MIX_KC;
+            ws[i] = kk < kc ? fn_w[static_cast<size_t>(o) * nd + c0 + kk] : 0.f;
+        }
+        __syncthreads();
+        if (vec) {
+            for (uint32_t kk = 4 * lane; kk < kc; kk += 128) {
+                float xv[2][4];
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    const float4 v4 = t0 + t < tokens ? *reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * nd + c0 + kk)
+                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+                    xv[t][0] = v4.x, xv[t][1] = v4.y, xv[t][2] = v4.z, xv[t][3] = v4.w;
+                }
+                accumulate(xv, kk, 4);
+            }
+        } else {
+            for (uint32_t kk = lane; kk < kc; kk += 32) {
+                float xv[2][4] = {};
+#pragma unroll
+                for (int t = 0; t < 2; ++t) xv[t][0] = t0 + t < tokens ? x[static_cast<size_t>(t0 + t) * nd + c0 + kk] : 0.f;
+                accumulate(xv, kk, 1);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        const uint32_t tb = 2 * warp + t;  // token within the block
+        // Tile (blockIdx.x * 4 + tb / TOK), token tb % TOK of it.
+        float* out = partial + (static_cast<size_t>(blockIdx.x) * 4 + tb / TOK) * TOK * (MAXW + 1) +
+                     static_cast<size_t>(tb % TOK) * (MAXW + 1);
+#pragma unroll
+        for (int o = 0; o <= MAXW; ++o) {  // every element, zeros past width
+            float v = o < MAXW ? acc[t][o] : ss[t];
+            for (int sh = 16; sh > 0; sh >>= 1) v += __shfl_down_sync(0xffffffffu, v, sh);
+            if (lane == 0) out[o] = v;
         }
     }
 }
@@ -154,61 +184,52 @@ extern "C" __global__ void __launch_bounds__(THREADS) di_hc_mix(const float* __r
 
 // One token's weights from its raw mix sums (times the RMS factor `inv`): pre [N]; unless head,
 // post [N] and comb [N, N] (Sinkhorn in the reference's order: row softmax + eps, a column pass,
-// then iters - 1 row and column passes).
+// then iters - 1 row and column passes). Computed by 16 lanes of a warp (lane j·4 + k, j, k < 4:
+// matrix element (j, k)): a row's (column's) sum gathers its N values by shuffles within the 16 and
+// adds them in k (j) order, as a single thread would. Each pass costs a lane 4 shuffles, 3 adds and
+// a division instead of a thread's N·N of each (one thread per token left the block waiting: 44 us
+// for one token). `mixt` in shared memory; every lane of the 16 calls it.
 template <int N>
-__device__ void site_weights(const float* mixt, float inv, const float* __restrict__ base,
-                             const float* __restrict__ scale, uint32_t head, uint32_t iters, float hc_eps, float* pre,
-                             float* post, float* comb) {
-    float m[(2 + N) * N];
-#pragma unroll
-    for (int o = 0; o < (head ? N : (2 + N) * N); ++o) m[o] = mixt[o] * inv;
-#pragma unroll
-    for (int j = 0; j < N; ++j) pre[j] = sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
+__device__ void site_weights_lanes(const float* mixt, float inv, const float* __restrict__ base,
+                                   const float* __restrict__ scale, uint32_t head, uint32_t iters, float hc_eps,
+                                   float* pre, float* post, float* comb) {
+    const int l = threadIdx.x & 15, j = l / 4, k = l % 4;
+    const bool live = j < N && k < N;
+    const unsigned mask = 0xffffu << (threadIdx.x & 16);
+    if (j < N && k == 0) {
+        pre[j] = sigmoid(mixt[j] * inv * scale[0] + base[j]) + hc_eps;
+        if (!head) post[j] = 2.0f * sigmoid(mixt[N + j] * inv * scale[1] + base[N + j]);
+    }
     if (head) return;
-#pragma unroll
-    for (int j = 0; j < N; ++j) post[j] = 2.0f * sigmoid(m[N + j] * scale[1] + base[N + j]);
-    float c[N][N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            c[j][k] = __fadd_rn(__fmul_rn(m[2 * N + j * N + k], scale[2]), base[2 * N + j * N + k]);
-            mx = fmaxf(mx, c[j][k]);
-        }
+    // Shuffles of the whole 16 (every lane takes part; dead lanes carry zeros).
+    auto row_sum = [&](float v) {
         float sum = 0.f;
 #pragma unroll
-        for (int k = 0; k < N; ++k) {
-            c[j][k] = expf(c[j][k] - mx);
-            sum += c[j][k];
-        }
+        for (int kk = 0; kk < N; ++kk) sum += __shfl_sync(mask, v, j * 4 + kk, 16);
+        return sum;
+    };
+    auto col_sum = [&](float v) {
+        float sum = 0.f;
 #pragma unroll
-        for (int k = 0; k < N; ++k) c[j][k] = __fadd_rn(__fdiv_rn(c[j][k], sum), hc_eps);
-    }
+        for (int jj = 0; jj < N; ++jj) sum += __shfl_sync(mask, v, jj * 4 + k, 16);
+        return sum;
+    };
+    float c = live ? __fadd_rn(__fmul_rn(mixt[2 * N + j * N + k] * inv, scale[2]), base[2 * N + j * N + k]) : -INFINITY;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int kk = 0; kk < N; ++kk) mx = fmaxf(mx, __shfl_sync(mask, c, j * 4 + kk, 16));
+    c = live ? expf(c - mx) : 0.f;
+    const float sum0 = row_sum(c);
+    c = live ? __fadd_rn(__fdiv_rn(c, sum0), hc_eps) : 0.f;
     for (uint32_t it = 0; it < max(iters, 1u); ++it) {  // the column pass runs even for 0 iterations
         if (it > 0) {
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-                float sum = 0.f;
-#pragma unroll
-                for (int k = 0; k < N; ++k) sum += c[j][k];
-#pragma unroll
-                for (int k = 0; k < N; ++k) c[j][k] = __fdiv_rn(c[j][k], sum + hc_eps);
-            }
+            const float rs = row_sum(c);
+            c = live ? __fdiv_rn(c, rs + hc_eps) : 0.f;
         }
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < N; ++j) sum += c[j][k];
-#pragma unroll
-            for (int j = 0; j < N; ++j) c[j][k] = __fdiv_rn(c[j][k], sum + hc_eps);
-        }
+        const float cs = col_sum(c);
+        c = live ? __fdiv_rn(c, cs + hc_eps) : 0.f;
     }
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-#pragma unroll
-        for (int k = 0; k < N; ++k) comb[j * N + k] = c[j][k];
+    if (live) comb[j * N + k] = c;
 }
 
 // x [tokens, n, D]; fn_w [width, n·D]; base [width]; scale [3] (head: [1]); norm_w [D]; post
@@ -232,25 +253,40 @@ extern "C" __global__ void __launch_bounds__(THREADS) di_hc_pre(
     if (splits == 0) {
         mix_partial(x, fn_w, tokens, nd, width, t0, 0, nd, red, mix);
     } else {
-        for (int i = threadIdx.x; i < TOK * (MAXW + 1); i += THREADS) {
-            float v = 0.f;
-            for (uint32_t sp = 0; sp < splits; ++sp)
-                v += partial[(static_cast<size_t>(sp) * gridDim.x + blockIdx.x) * TOK * (MAXW + 1) + i];
-            mix[i / (MAXW + 1)][i % (MAXW + 1)] = v;
+        // Warp w owns values w, w + 8, ..: lanes add the splits lane, lane + 32, .. in order for
+        // all of them (every load in flight at once), then a fixed shuffle tree per value.
+        constexpr int PER_WARP = (TOK * (MAXW + 1) + THREADS / 32 - 1) / (THREADS / 32);
+        float v[PER_WARP];
+#pragma unroll
+        for (int r = 0; r < PER_WARP; ++r) v[r] = 0.f;
+        for (uint32_t sp = lane; sp < splits; sp += 32) {
+            const float* ps = partial + (static_cast<size_t>(sp) * gridDim.x + blockIdx.x) * TOK * (MAXW + 1);
+#pragma unroll
+            for (int r = 0; r < PER_WARP; ++r) {
+                const int i = warp + r * (THREADS / 32);
+                if (i < TOK * (MAXW + 1)) v[r] += ps[i];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < PER_WARP; ++r) {
+            const int i = warp + r * (THREADS / 32);
+            float t = v[r];
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_down_sync(0xffffffffu, t, o);
+            if (lane == 0 && i < TOK * (MAXW + 1)) mix[i / (MAXW + 1)][i % (MAXW + 1)] = t;
         }
         __syncthreads();
     }
-    // Weights, one thread per token (n known at compile time, so the matrices stay in registers).
-    if (threadIdx.x < TOK && t0 + threadIdx.x < tokens) {
-        const int t = threadIdx.x;
+    // Weights, 16 lanes per token (n known at compile time).
+    if (threadIdx.x < 16 * TOK && t0 + threadIdx.x / 16 < tokens) {
+        const int t = threadIdx.x / 16;
         const float inv = 1.0f / sqrtf(mix[t][MAXW] / static_cast<float>(nd) + norm_eps);
         float* po = head ? nullptr : post + static_cast<size_t>(t0 + t) * n;
         float* co = head ? nullptr : comb + static_cast<size_t>(t0 + t) * n * n;
         switch (n) {
-            case 1: site_weights<1>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
-            case 2: site_weights<2>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
-            case 3: site_weights<3>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
-            default: site_weights<4>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
+            case 1: site_weights_lanes<1>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
+            case 2: site_weights_lanes<2>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
+            case 3: site_weights_lanes<3>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
+            default: site_weights_lanes<4>(mix[t], inv, base, scale, head, iters, hc_eps, pre[t], po, co); break;
         }
     }
     __syncthreads();

@@ -72,11 +72,20 @@ fn gpu_hc_matches_cpu() {
     let seed = fresh_seed();
     println!("seed {seed}");
     let mut rng = SplitMix(seed);
-    // Up to 131 blocks of 4 tokens the mixes are split over blocks first; 600 tokens take the
-    // one-pass path.
-    for (n, dim, tokens) in
-        [(4usize, 4096usize, 1usize), (4, 4096, 7), (4, 200, 64), (2, 64, 5), (3, 300, 9), (1, 32, 4), (4, 128, 600)]
-    {
+    // Up to 131 blocks of 4 tokens the mixes are split over blocks first; from 600 tokens they run
+    // 16 tokens a block (four-value loads when n·D % 4 == 0, else one value: n 3, D 301; a last
+    // block partly past the tokens at 566).
+    for (n, dim, tokens) in [
+        (4usize, 4096usize, 1usize),
+        (4, 4096, 7),
+        (4, 200, 64),
+        (2, 64, 5),
+        (3, 300, 9),
+        (1, 32, 4),
+        (4, 128, 600),
+        (3, 301, 566),
+        (4, 4096, 640),
+    ] {
         let s = HcShape { n, dim, sinkhorn_iters: 20, hc_eps: 1e-6, norm_eps: 1e-6 };
         let nd = n * dim;
         let x: Vec<f32> = rng.vec(tokens * nd).into_iter().map(|v| v * 2.0).collect();
