@@ -3,9 +3,9 @@
 //
 // di_hc_mix / di_hc_mix16: the mixes, i.e. the sums of squares of the flattened streams and their
 //   (2+n)·n projections: for few tokens split over (4-token tile, range of the streams) blocks, for
-//   many 16 tokens a block (the fn weights read once per 16 tokens).
-// di_hc_pre: a block per 4 tokens adds those partial sums (in split order), one thread per token
-//   derives pre/post/comb (Sinkhorn in the reference's order), and the block collapses the streams
+//   many 16 tokens a block (the fn weights staged once per block, each stream value read once).
+// di_hc_pre: a block per 4 tokens adds those partial sums (a fixed order), 16 lanes per token
+//   derive pre/post/comb (Sinkhorn in the reference's order), and the block collapses the streams
 //   and applies the sublayer's RMSNorm (fused: the collapsed row never goes to memory), writing the
 //   bf16 sublayer input. With head = 1 the site has n mixes (pre only) and the norm is the model's
 //   final norm: the input of the head GEMM. (With splits = 0 it computes the mixes itself.)
