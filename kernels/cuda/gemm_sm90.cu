@@ -260,13 +260,14 @@ DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma_rows, true)
 // within each 64-wide block of k, x position 16 kk + 2 q + e + 8 h holds k = 16 q + kk + 4 e + 8 h
 // (quant::fp4_wgmma_x_position, with its test against the fragment slots).
 //
-// A persistent 384-thread block per SM walks items (chunk, 256 outputs), chunk-major (the blocks in
-// flight share a chunk's x rows in L2). Warpgroup 0: one thread issues TMA loads of the x tile (128
-// rows x 64 k bf16, 128-byte swizzle) and the raw W tile (256 rows x 32 bytes) into a ring.
-// Warpgroups 1 and 2 own 128 outputs each (two m64 blocks): per k step they widen their W rows
-// into A fragments and run eight wgmma m64nNk16; the two take turns on the tensor cores. Outputs
-// leave transposed through shared memory as whole rows of y. Rows of the N past the chunk (the next
-// expert's, or zeros past the end) are computed and not written.
+// A persistent 512-thread block per SM walks items (chunk, 192 outputs), chunk-major (the blocks in
+// flight share a chunk's x rows in L2). Warpgroups 0-2 own 64 outputs each: per k step they run
+// the step's four wgmma m64nNk16 from A fragments widened during the previous step's MMAs, then
+// widen the next step; the three take turns on the tensor cores. Warpgroup 3: one thread issues
+// TMA loads of the x tile (128 rows x 64 k bf16, 128-byte swizzle) and the raw W tile (192 rows x
+// 32 bytes) into a ring. Outputs leave transposed through shared memory as whole rows of y. Rows
+// of the N past the chunk (the next expert's, or zeros past the end) are computed and not written.
+// (Four math warpgroups would not fit: 640 threads cap ptxas at 96 registers.)
 constexpr int G4_MATH = 3;  // di_gemm_fp4_wgmma's math warpgroups (plus a producer warpgroup)
 
 #if DI_SM90
@@ -317,7 +318,7 @@ __device__ __forceinline__ void fp4x8_to_bf16_pairs_any(uint32_t w, uint32_t s, 
 
 // One math warpgroup's k loop and outputs for an item with N (32 .. 128) rows of x computed.
 // wrow: this thread's W rows g and g + 8 of warp w's 16 in the warpgroup's 64 (of the raw tile's
-// 256); srow: their scale rows (null past n).
+// 192); srow: their scale rows (null past n).
 template <int N>
 __device__ __forceinline__ void fp4_wgmma_item(const uint8_t* ring_x, const uint8_t* ring_q, uint64_t* full,
                                                uint64_t* empty, uint32_t& it, uint32_t nk, const uint8_t* const (&srow)[2],
@@ -414,7 +415,7 @@ __device__ __forceinline__ void fp4_wgmma_item(const uint8_t* ring_x, const uint
 #endif
 
 // map_x: x bf16 [rows, k] as bytes, permuted in k as above (box 128 rows x 128 bytes, 128-byte
-// swizzle); map_w: the experts' W bytes [experts * n, k / 2] back to back (box 256 rows x 32
+// swizzle); map_w: the experts' W bytes [experts * n, k / 2] back to back (box 192 rows x 32
 // bytes); sw: their scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <=
 // 128, 0), num_chunks[0] of them. k % 64 == 0, n % 8 == 0.
 extern "C" __global__ void __launch_bounds__(128 * (1 + G4_MATH), 1)

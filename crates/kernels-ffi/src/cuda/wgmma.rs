@@ -166,7 +166,7 @@ const GEMM_FP4_WGMMA_OUTPUTS: u32 = 192;
 /// The grouped FP4 GEMM over a dispatch's 128-row chunks on the Hopper wgmma kernel: x's rows
 /// first gathered (through `gather`), rounded to FP8 (`p.quantize_x`) and reordered in k the way
 /// the kernel reads them, into a copy in one pass; then one persistent block per SM over (chunk,
-/// 256 outputs) items. The caller checked x, every expert's w and scale, y [p.m, n],
+/// 192 outputs) items. The caller checked x, every expert's w and scale, y [p.m, n],
 /// k % 64 == 0, n % 8 == 0, chunks of 128 rows, and that the GPU is sm_90.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_fp4_grouped_launch(
