@@ -290,78 +290,71 @@ pub fn gemm_fp8_packed(
     }
 }
 
-static FP8_MMA_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// A process-wide kernel switch for A/B benchmarks, on by default: `static $flag`, `$set(on)`
+/// (documented by the given doc comment) and `$get()`.
+macro_rules! kernel_switch {
+    ($flag:ident, $(#[$doc:meta])* $set:ident, $get:ident) => {
+        static $flag: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// Whether FP8 and FP4 GEMMs with activation quantisation and m <= 16 (dense, or MoE chunks of up
-/// to 16 rows) use the matrix-unit decode kernels with FP8 activations on CUDA (the default) or the
-/// earlier kernels (bf16 expansion of the weights): a process-wide switch for A/B benchmarks;
-/// results agree within the GEMM tolerance either way.
-pub fn set_fp8_mma_decode(on: bool) {
-    FP8_MMA_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
+        $(#[$doc])*
+        pub fn $set(on: bool) {
+            $flag.store(on, std::sync::atomic::Ordering::Relaxed);
+        }
+
+        #[doc = concat!("The switch [`", stringify!($set), "`] sets.")]
+        pub fn $get() -> bool {
+            $flag.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    };
 }
 
-/// The switch [`set_fp8_mma_decode`] sets.
-pub fn fp8_mma_decode() -> bool {
-    FP8_MMA_DECODE.load(std::sync::atomic::Ordering::Relaxed)
-}
+kernel_switch!(
+    FP8_MMA_DECODE,
+    /// Whether FP8 and FP4 GEMMs with activation quantisation and m <= 16 (dense, or MoE chunks of up
+    /// to 16 rows) use the matrix-unit decode kernels with FP8 activations on CUDA (the default) or the
+    /// earlier kernels (bf16 expansion of the weights): a process-wide switch for A/B benchmarks;
+    /// results agree within the GEMM tolerance either way.
+    set_fp8_mma_decode,
+    fp8_mma_decode
+);
 
-static FP4_STREAM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+kernel_switch!(
+    FP4_STREAM,
+    /// Whether grouped FP4 decode GEMMs with many (chunk, 16-row tile) items (MoE layers at tens of
+    /// tokens) run the streaming kernel (`di_gemm_fp4q_stream_n*`, the default) or the kernel with one
+    /// item a block: a process-wide switch for A/B benchmarks; results agree within the GEMM tolerance.
+    set_fp4_stream,
+    fp4_stream
+);
 
-/// Whether grouped FP4 decode GEMMs with many (chunk, 16-row tile) items (MoE layers at tens of
-/// tokens) run the streaming kernel (`di_gemm_fp4q_stream_n*`, the default) or the kernel with one
-/// item a block: a process-wide switch for A/B benchmarks; results agree within the GEMM tolerance.
-pub fn set_fp4_stream(on: bool) {
-    FP4_STREAM.store(on, std::sync::atomic::Ordering::Relaxed);
-}
+kernel_switch!(
+    FP4_WGMMA,
+    /// Whether grouped FP4 GEMMs over 128-row chunks (MoE layers at prefill) run the Hopper wgmma
+    /// kernel on an sm_90 GPU (`di_gemm_fp4_wgmma`, the default: W widened to bf16 with its scales
+    /// folded in, x gathered and rounded once) or the tiled mma.sync kernel: a process-wide switch for
+    /// A/B benchmarks; results agree within the GEMM tolerance.
+    set_fp4_wgmma,
+    fp4_wgmma
+);
 
-/// The switch [`set_fp4_stream`] sets.
-pub fn fp4_stream() -> bool {
-    FP4_STREAM.load(std::sync::atomic::Ordering::Relaxed)
-}
+kernel_switch!(
+    WGMMA_SPLIT_K,
+    /// Whether the Hopper FP8 wgmma GEMM splits k over blocks (fp32 partials added in split order by a
+    /// second launch) when its 256 x 128 tiles are fewer than the SMs (the default), or leaves those
+    /// SMs idle: a process-wide switch for A/B benchmarks; results agree within the GEMM tolerance.
+    set_wgmma_split_k,
+    wgmma_split_k
+);
 
-static FP4_WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether grouped FP4 GEMMs over 128-row chunks (MoE layers at prefill) run the Hopper wgmma
-/// kernel on an sm_90 GPU (`di_gemm_fp4_wgmma`, the default: W widened to bf16 with its scales
-/// folded in, x gathered and rounded once) or the tiled mma.sync kernel: a process-wide switch for
-/// A/B benchmarks; results agree within the GEMM tolerance.
-pub fn set_fp4_wgmma(on: bool) {
-    FP4_WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The switch [`set_fp4_wgmma`] sets.
-pub fn fp4_wgmma() -> bool {
-    FP4_WGMMA.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-static WGMMA_SPLIT_K: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether the Hopper FP8 wgmma GEMM splits k over blocks (fp32 partials added in split order by a
-/// second launch) when its 256 x 128 tiles are fewer than the SMs (the default), or leaves those
-/// SMs idle: a process-wide switch for A/B benchmarks; results agree within the GEMM tolerance.
-pub fn set_wgmma_split_k(on: bool) {
-    WGMMA_SPLIT_K.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The switch [`set_wgmma_split_k`] sets.
-pub fn wgmma_split_k() -> bool {
-    WGMMA_SPLIT_K.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-static FP8_WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether FP8 GEMMs with activation quantisation use the Hopper wgmma kernels on an sm_90 GPU (the
-/// default: `di_gemm_fp8_wgmma` above 32 rows, `di_gemm_fp8_dec_*` up to 16) or the earlier kernels
-/// (the tiled kernel; the mma.sync decode kernels): a process-wide switch for A/B benchmarks;
-/// results agree within the GEMM tolerance either way.
-pub fn set_fp8_wgmma(on: bool) {
-    FP8_WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The switch [`set_fp8_wgmma`] sets.
-pub fn fp8_wgmma() -> bool {
-    FP8_WGMMA.load(std::sync::atomic::Ordering::Relaxed)
-}
+kernel_switch!(
+    FP8_WGMMA,
+    /// Whether FP8 GEMMs with activation quantisation use the Hopper wgmma kernels on an sm_90 GPU (the
+    /// default: `di_gemm_fp8_wgmma` above 32 rows, `di_gemm_fp8_dec_*` up to 16) or the earlier kernels
+    /// (the tiled kernel; the mma.sync decode kernels): a process-wide switch for A/B benchmarks;
+    /// results agree within the GEMM tolerance either way.
+    set_fp8_wgmma,
+    fp8_wgmma
+);
 
 /// The k splits of the Hopper wgmma GEMM (`di_gemm_fp8_wgmma*`) for this shape on `stream`'s GPU;
 /// `None` where that kernel does not run (CPU, other GPUs, other shapes).
