@@ -260,7 +260,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)
-            wgmma_m64n256k16_bf16<1>(o, wgmma_desc_sw128(p_a + (t % 2) * HM * 128 + ks * 32),
+            wgmma_m64n256k16_bf16_bmn(o, wgmma_desc_sw128(p_a + (t % 2) * HM * 128 + ks * 32),
                                       wgmma_desc_sw128_mn(k_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128, CHUNK), 1);
         wgmma_commit();
         // Waiting here (the other warpgroup keeps the tensor cores busy meanwhile): with a group

@@ -50,39 +50,6 @@ __device__ __forceinline__ void tile_coords(uint32_t t, uint32_t tiles_m, uint32
     nt = local / gm;
 }
 
-// A consumer warpgroup's 64 x 128 block of fp32 results out as bf16 (R-value accumulator in the
-// wgmma layout, this block's values at acc[OFF + 4 j ..]: rows warp * 16 + lane / 4 (+ 8), columns
-// 8 j + 2 (lane % 4) (+ 1)): through `stage` (16 KiB, 16-byte chunks XOR-swizzled by row:
-// conflict-free both ways), then whole 256-byte rows with 16-byte stores. Row r < rows goes to
-// y + r * ld, its 16-byte chunks c with 8 c < cols. Named barrier `bar` over the warpgroup.
-template <int OFF, int R>
-__device__ __forceinline__ void store_rows_64x128(const float (&acc)[R], uint8_t* stage, uint32_t bar,
-                                                  __nv_bfloat16* __restrict__ y, size_t ld, uint32_t rows,
-                                                  uint32_t cols) {
-    const uint32_t warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    named_barrier(bar, 128);  // the previous block's rows are out
-    const uint32_t ra = warp * 16 + lane / 4;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const uint32_t r = ra + 8 * e;
-            const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
-            *reinterpret_cast<__nv_bfloat162*>(stage + at) =
-                __floats2bfloat162_rn(acc[OFF + 4 * j + 2 * e], acc[OFF + 4 * j + 2 * e + 1]);
-        }
-    }
-    named_barrier(bar, 128);
-    const uint32_t tid = threadIdx.x % 128;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
-        if (r < rows && c * 8 < cols)
-            *reinterpret_cast<uint4*>(y + r * ld + c * 8) =
-                *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
-    }
-}
-
 }  // namespace
 #endif
 
@@ -194,12 +161,33 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
             if (!ROWS || m0 + cw * 128 + 64 < m) half(acc1, s, 1, f[2], f[3]);
             if (lane == 0) mbar_arrive(&empty[s]);
         }
-        // Outputs through this warpgroup's staging half, whole rows at a time.
+        // Outputs through shared memory: the half's 64 x 128 bf16 into this warpgroup's staging
+        // (16-byte chunks XOR-swizzled by row: conflict-free both ways), then whole 256-byte rows
+        // out with 16-byte stores.
         uint8_t* stage = out_stage + cw * OUT_STAGE;
         auto store = [&](const float(&acc)[64], uint32_t h) {
-            const uint32_t row0 = m0 + cw * 128 + h * 64;
-            store_rows_64x128<0>(acc, stage, 1 + cw, y + static_cast<size_t>(row0) * n + n0, n,
-                                 m > row0 ? m - row0 : 0, n - n0);
+            named_barrier(1 + cw, 128);  // the previous half's rows are out
+            const uint32_t ra = warp * 16 + lane / 4;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t r = ra + 8 * e;
+                    const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
+                    *reinterpret_cast<__nv_bfloat162*>(stage + at) =
+                        __floats2bfloat162_rn(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
+                }
+            }
+            named_barrier(1 + cw, 128);
+            const uint32_t tid = threadIdx.x % 128;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
+                const uint32_t row = m0 + cw * 128 + h * 64 + r, col = n0 + c * 8;
+                if (row < m && col < n)
+                    *reinterpret_cast<uint4*>(y + static_cast<size_t>(row) * n + col) =
+                        *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
+            }
         };
         if (splits == 1) {
             store(acc0, 0);
