@@ -47,9 +47,9 @@ constexpr int CHUNK = 64 * 128;        // 64 rows x 128 bytes (64 bf16 columns),
 constexpr int TILE = (D / 64) * CHUNK;  // one 64-row x 512 bf16 tile: 64 KB
 // Dynamic shared memory (ATTN_WG_SMEM in attention.rs): 1024 bytes of alignment slack, Q, the key
 // stages, two P tiles, the max, sum and rescale factor per row of two tiles, the cluster merge's
-// max and sum per row, the key rows of two tiles, the barriers (full, empty, pready, Q).
-constexpr int SMEM = 1024 + TILE + STAGES * TILE + 2 * HM * 128 + 2 * 3 * HM * 4 + 2 * HM * 4 + 2 * KT * 4 + (3 * STAGES + 1) * 8;
-static_assert(SMEM == 216632, "attention.rs ATTN_WG_SMEM");
+// max and sum per row, the key rows of two tiles, the barriers (full, empty, pready, Q, Q free).
+constexpr int SMEM = 1024 + TILE + STAGES * TILE + 2 * HM * 128 + 2 * 3 * HM * 4 + 2 * HM * 4 + 2 * KT * 4 + (3 * STAGES + 2) * 8;
+static_assert(SMEM == 216640, "attention.rs ATTN_WG_SMEM");
 
 // Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
 __device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
@@ -72,7 +72,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                                                __nv_bfloat16* __restrict__ out, float* __restrict__ o_part,
                                                float* __restrict__ ml_part, int32_t* __restrict__ status,
                                                uint32_t heads, uint32_t max_keys, uint32_t pool_rows,
-                                               uint32_t tiles_per_split, float scale) {
+                                               uint32_t tiles_per_split, float scale, uint32_t seqs) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* q_s = base;
@@ -85,12 +85,15 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     uint64_t* empty = full + STAGES;
     uint64_t* pready = empty + STAGES;  // [2]: P and the stats of tile t are in place
     uint64_t* q_bar = pready + 2;
-    const uint32_t b = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
-    const uint32_t k_begin = min(count, split * tiles_per_split * KT);
-    const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
-    const uint32_t tiles = (k_end - k_begin + KT - 1) / KT;
-    const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
+    uint64_t* q_free = q_bar + 1;  // the last S of a sequence has read Q
+    const uint32_t split = blockIdx.y, splits = gridDim.y;
+    // Sequence b's keys of this split: [k_begin, k_end), in tiles of KT.
+    auto keys_of = [&](uint32_t b, uint32_t& k_begin, uint32_t& k_end, uint32_t& tiles) {
+        const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
+        k_begin = min(count, split * tiles_per_split * KT);
+        k_end = min(count, (split + 1) * tiles_per_split * KT);
+        tiles = (k_end - k_begin + KT - 1) / KT;
+    };
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -99,6 +102,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         }
         for (int j = 0; j < 2; ++j) mbar_init(&pready[j], 128);  // every thread of the tile's owner warpgroup
         mbar_init(q_bar, 128);
+        mbar_init(q_free, 1);  // thread 0 of the warpgroup that ran the sequence's last S
         mbar_init_fence();
     }
     __syncthreads();
@@ -106,35 +110,43 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     if (wg == 0) {
         setmaxnreg_dec<40>();
         const uint32_t t = threadIdx.x;
-        // Q: 64 rows x 64 units of 16 bytes; thread t takes unit t % 64 of rows t / 64, +2, ...
-        for (uint32_t i = 0; i < HM * 64 / 128; ++i) {
-            const uint32_t h = 2 * i + t / 64, v = t % 64;
-            const bool ok = h < heads;
-            cp_async16(q_s + tile_off(h, v), q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
-        }
-        cp_async_arrive_noinc(q_bar);
-        // The pool rows of a tile's keys go through shared memory (-1: no key), loaded one tile
-        // ahead by threads 0-63, so the copies never wait on an index load.
-        auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
-        // idx[s] also tells the math warpgroups which keys are real: thread 0's plain arrival on
-        // full[s] (after the barrier that orders the index stores) publishes it.
-        int32_t next = t < KT ? row_of(k_begin + t) : -1;
-        for (uint32_t it = 0; it < tiles; ++it) {
-            const uint32_t s = it % STAGES;
-            mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
-            int32_t* ix = idx + s * KT;
-            if (t < KT) ix[t] = next;
-            named_barrier(2, 128);
-            if (t == 0) mbar_arrive(&full[s]);
-            if (t < KT) next = row_of(k_begin + (it + 1) * KT + t);
-            uint8_t* dst = k_s + s * TILE;
-#pragma unroll 8
-            for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
-                const uint32_t j = 2 * i + t / 64, v = t % 64;
-                const int32_t r = ix[j];
-                cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+        uint32_t g = 0;  // key tiles of this block so far (all its sequences): stage g % STAGES
+        for (uint32_t b = blockIdx.x, qi = 0; b < seqs; b += gridDim.x, ++qi) {
+            uint32_t k_begin, k_end, tiles;
+            keys_of(b, k_begin, k_end, tiles);
+            const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
+            // Q once the previous sequence's last S has read it: 64 rows x 64 units of 16 bytes;
+            // thread t takes unit t % 64 of rows t / 64, +2, ...
+            if (qi > 0) mbar_wait(q_free, (qi - 1) & 1);
+            for (uint32_t i = 0; i < HM * 64 / 128; ++i) {
+                const uint32_t h = 2 * i + t / 64, v = t % 64;
+                const bool ok = h < heads;
+                cp_async16(q_s + tile_off(h, v), q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
             }
-            cp_async_arrive_noinc(&full[s]);
+            cp_async_arrive_noinc(q_bar);
+            // The pool rows of a tile's keys go through shared memory (-1: no key), loaded one
+            // tile ahead by threads 0-63, so the copies never wait on an index load.
+            auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
+            // idx[s] also tells the math warpgroups which keys are real: thread 0's plain arrival
+            // on full[s] (after the barrier that orders the index stores) publishes it.
+            int32_t next = t < KT ? row_of(k_begin + t) : -1;
+            for (uint32_t it = 0; it < tiles; ++it, ++g) {
+                const uint32_t s = g % STAGES;
+                mbar_wait(&empty[s], ((g / STAGES) & 1) ^ 1);
+                int32_t* ix = idx + s * KT;
+                if (t < KT) ix[t] = next;
+                named_barrier(2, 128);
+                if (t == 0) mbar_arrive(&full[s]);
+                if (t < KT) next = row_of(k_begin + (it + 1) * KT + t);
+                uint8_t* dst = k_s + s * TILE;
+#pragma unroll 8
+                for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
+                    const uint32_t j = 2 * i + t / 64, v = t % 64;
+                    const int32_t r = ix[j];
+                    cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+                }
+                cp_async_arrive_noinc(&full[s]);
+            }
         }
         cp_async_wait_all();
         if constexpr (C2) {  // every thread of both blocks takes part in the cluster barriers
@@ -151,214 +163,237 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     // 8 j + 2 (lane % 4) (+1) in registers 4 j (+1) and 4 j + 2 (+1).
     const int r0 = warp * 16 + lane / 4;
     const int rr[2] = {r0, r0 + 8};
-    // Running max and sum before the first tile: the sink (split 0) as a key of value zero.
-    float m_run[2], l_tot[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
-        m_run[e] = with_sink ? sink[rr[e]] : -INFINITY;
-        l_tot[e] = with_sink ? 1.f : 0.f;
-    }
-    float o[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.f;
     const uint32_t q_a = smem_addr(q_s), k_a = smem_addr(k_s), p_a = smem_addr(p_s);
-    float sc[32];  // S of an owned tile (the first MMA overwrites it)
+    uint32_t g = 0;  // key tiles of this block so far: stage g % STAGES, owner warpgroup 1 + g % 2
+    for (uint32_t b = blockIdx.x, qi = 0; b < seqs; b += gridDim.x, ++qi) {
+        uint32_t k_begin, k_end, tiles;
+        keys_of(b, k_begin, k_end, tiles);
+        // Running max and sum before the first tile: the sink (split 0) as a key of value zero.
+        float m_run[2], l_tot[2];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-    mbar_wait(q_bar, 0);
+        for (int e = 0; e < 2; ++e) {
+            const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
+            m_run[e] = with_sink ? sink[rr[e]] : -INFINITY;
+            l_tot[e] = with_sink ? 1.f : 0.f;
+        }
+        float o[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.f;
+        float sc[32];  // S of an owned tile (the first MMA overwrites it)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+        mbar_wait(q_bar, qi & 1);
 
-    for (uint32_t t = 0; t < tiles; ++t) {
-        const uint32_t s = t % STAGES;
-        float* st = stats + (t % 2) * 3 * HM;  // m, l, alpha of tile t
-        if (t % 2 == static_cast<uint32_t>(cw)) {
-            // S = Q K^T over the whole tile, then the online softmax from the previous tile's
-            // state (the other warpgroup's tile, seen when this one waited for its P).
-            mbar_wait(&full[s], (t / STAGES) & 1);
-            uint32_t valid = 0;  // which of this thread's 16 key columns are real keys
+        for (uint32_t t = 0; t < tiles; ++t, ++g) {
+            const uint32_t s = g % STAGES;
+            float* st = stats + (g % 2) * 3 * HM;  // m, l, alpha of tile t
+            if (g % 2 == static_cast<uint32_t>(cw)) {
+                // S = Q K^T over the whole tile, then the online softmax from the previous tile's
+                // state (the other warpgroup's tile, seen when this one waited for its P).
+                mbar_wait(&full[s], (g / STAGES) & 1);
+                uint32_t valid = 0;  // which of this thread's 16 key columns are real keys
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+                for (int j = 0; j < 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (idx[s * KT + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
-            fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
-            wgmma_fence_regs(sc);
+                    for (int e = 0; e < 2; ++e)
+                        if (idx[s * KT + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
+                fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
+                wgmma_fence_regs(sc);
+                wgmma_fence();
+#pragma unroll
+                for (int kc = 0; kc < D / 16; ++kc) {
+                    const uint32_t off = (kc / 4) * CHUNK + (kc % 4) * 32;
+                    wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(q_a + off), wgmma_desc_sw128(k_a + s * TILE + off), kc > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                wgmma_fence_regs(sc);
+                // After the sequence's last S, Q may take the next sequence's rows.
+                if (t + 1 == tiles && threadIdx.x % 128 == 0) mbar_arrive(q_free);
+                if (t > 0) {
+                    const float* prev = stats + ((g - 1) % 2) * 3 * HM;
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        m_run[e] = prev[rr[e]];
+                        l_tot[e] = prev[HM + rr[e]];
+                    }
+                }
+                float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const bool ok = (valid >> (2 * j + (e & 1))) & 1;
+                        sc[4 * j + e] = ok ? sc[4 * j + e] * scale : -INFINITY;
+                        mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
+                    }
+                float alpha[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+                    const float m_new = fmaxf(m_run[e], mx[e]);
+                    // m_new = -inf only while a row has seen no key and no sink (splits > 0, skipped rows).
+                    alpha[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - m_new);
+                    m_run[e] = m_new;
+                }
+                uint8_t* pt = p_s + (g % 2) * HM * 128;
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float* v = sc + 4 * j + 2 * e;
+                        const float x0 = v[0] == -INFINITY ? 0.f : __expf(v[0] - m_run[e]);
+                        const float x1 = v[1] == -INFINITY ? 0.f : __expf(v[1] - m_run[e]);
+                        const __nv_bfloat162 pb = __floats2bfloat162_rn(x0, x1);
+                        sum[e] += __low2float(pb) + __high2float(pb);  // the sum of exactly what P V multiplies
+                        *reinterpret_cast<__nv_bfloat162*>(pt + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb;
+                    }
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
+                    sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
+                    l_tot[e] = l_tot[e] * alpha[e] + sum[e];
+                    if (lane % 4 == 0) {
+                        st[rr[e]] = m_run[e];
+                        st[HM + rr[e]] = l_tot[e];
+                        st[2 * HM + rr[e]] = alpha[e];
+                    }
+                }
+                fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
+                mbar_arrive(&pready[g % 2]);
+            }
+            // O = alpha O + P V on this warpgroup's 256 columns, V = the same key tile read MN-major.
+            mbar_wait(&pready[g % 2], (g / 2) & 1);
+            fence_proxy_async_smem();
+            const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                o[4 * j] *= a0;
+                o[4 * j + 1] *= a0;
+                o[4 * j + 2] *= a1;
+                o[4 * j + 3] *= a1;
+            }
+            wgmma_fence_regs(o);
             wgmma_fence();
 #pragma unroll
-            for (int kc = 0; kc < D / 16; ++kc) {
-                const uint32_t off = (kc / 4) * CHUNK + (kc % 4) * 32;
-                wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(q_a + off), wgmma_desc_sw128(k_a + s * TILE + off), kc > 0);
-            }
+            for (int ks = 0; ks < KT / 16; ++ks)
+                wgmma_m64n256k16_bf16_bmn(o, wgmma_desc_sw128(p_a + (g % 2) * HM * 128 + ks * 32),
+                                          wgmma_desc_sw128_mn(k_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128, CHUNK), 1);
             wgmma_commit();
+            // Waiting here (the other warpgroup keeps the tensor cores busy meanwhile): with a group
+            // in flight across the loop edge ptxas serialises every wgmma of the loop (warning C7515).
             wgmma_wait<0>();
-            wgmma_fence_regs(sc);
-            if (t > 0) {
-                const float* prev = stats + ((t - 1) % 2) * 3 * HM;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    m_run[e] = prev[rr[e]];
-                    l_tot[e] = prev[HM + rr[e]];
-                }
-            }
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const bool ok = (valid >> (2 * j + (e & 1))) & 1;
-                    sc[4 * j + e] = ok ? sc[4 * j + e] * scale : -INFINITY;
-                    mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
-                }
-            float alpha[2], sum[2] = {0.f, 0.f};
+            wgmma_fence_regs(o);
+            // The last tile's stage stays this block's until its outputs have left through it.
+            if (lane == 0 && t + 1 < tiles) mbar_arrive(&empty[s]);
+        }
+        if (tiles == 0 && threadIdx.x == 128) mbar_arrive(q_free);  // no S read Q
+        // The state after the last tile (the sink's, without tiles).
+        if (tiles > 0) {
+            const float* last = stats + ((g - 1) % 2) * 3 * HM;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-                const float m_new = fmaxf(m_run[e], mx[e]);
-                // m_new = -inf only while a row has seen no key and no sink (splits > 0, skipped rows).
-                alpha[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - m_new);
-                m_run[e] = m_new;
+                m_run[e] = last[rr[e]];
+                l_tot[e] = last[HM + rr[e]];
             }
-            uint8_t* pt = p_s + (t % 2) * HM * 128;
+        }
+
+        const uint32_t c0 = cw * 256 + 2 * (lane % 4);
+        const uint32_t wt = threadIdx.x % 128;  // this thread in its warpgroup
+
+        // This warpgroup's 64 rows x 256 columns, scaled per row, to out[b, :, col0..col0 + 256) as
+        // bf16: staged through shared memory (16-byte chunks XOR-swizzled by row: conflict-free both
+        // ways), then whole 512-byte row pieces with 16-byte stores.
+        auto store_out = [&](uint8_t* stage, const float(&f)[2], uint32_t col0) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < 32; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float* v = sc + 4 * j + 2 * e;
-                    const float x0 = v[0] == -INFINITY ? 0.f : __expf(v[0] - m_run[e]);
-                    const float x1 = v[1] == -INFINITY ? 0.f : __expf(v[1] - m_run[e]);
-                    const __nv_bfloat162 pb = __floats2bfloat162_rn(x0, x1);
-                    sum[e] += __low2float(pb) + __high2float(pb);  // the sum of exactly what P V multiplies
-                    *reinterpret_cast<__nv_bfloat162*>(pt + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb;
-                }
+                for (int e = 0; e < 2; ++e)
+                    *reinterpret_cast<__nv_bfloat162*>(stage + rr[e] * 512 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) =
+                        __floats2bfloat162_rn(o[4 * j + 2 * e] * f[e], o[4 * j + 2 * e + 1] * f[e]);
+            named_barrier(3 + cw, 128);
+            for (int r = warp; r < HM && r < static_cast<int>(heads); r += 4)
+                *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * heads + r) * D + col0 + lane * 8) =
+                    *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r % 8)) * 16));
+        };
+
+        if constexpr (C2) {
+            // Block r finalises output columns 256r..256r + 255: warpgroup 1 - r of each block sends its
+            // unnormalised O (float4 i of thread wt at (i * 128 + wt) * 16: conflict-free) into the
+            // other block's first key stage and its row max and sum into the other block's maxima
+            // area; warpgroup r merges the two and writes its columns.
+            const uint32_t rank = cluster_ctarank();
+            cluster_sync();  // both blocks are done with their key stages and maxima
+            if (cw != static_cast<int>(rank)) {
+                const uint32_t o_remote = mapa_shared(k_a, rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
+#pragma unroll
+                for (int i = 0; i < 32; ++i)
+                    st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+                if (lane % 4 == 0)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
+                        st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
+                    }
+            }
+            cluster_sync();
+            if (cw != static_cast<int>(rank)) return;
+            // out = (o e^(m - M) + v e^(m1 - M)) / (l e^(m - M) + l1 e^(m1 - M)), M = max(m, m1).
+            float w[2], w1[2], f[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
-                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
-                l_tot[e] = l_tot[e] * alpha[e] + sum[e];
-                if (lane % 4 == 0) {
-                    st[rr[e]] = m_run[e];
-                    st[HM + rr[e]] = l_tot[e];
-                    st[2 * HM + rr[e]] = alpha[e];
+                const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
+                const float mx = fmaxf(m_run[e], m1);
+                w[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - mx);
+                w1[e] = m1 == -INFINITY ? 0.f : __expf(m1 - mx);
+                const float den = l_tot[e] * w[e] + l1 * w1[e];
+                f[e] = den > 0.f ? 1.f / den : 0.f;
+            }
+            const float4* other = reinterpret_cast<const float4*>(k_s);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                const float4 v = other[i * 128 + wt];
+                o[4 * i] = o[4 * i] * w[0] + v.x * w1[0];
+                o[4 * i + 1] = o[4 * i + 1] * w[0] + v.y * w1[0];
+                o[4 * i + 2] = o[4 * i + 2] * w[1] + v.z * w1[1];
+                o[4 * i + 3] = o[4 * i + 3] * w[1] + v.w * w1[1];
+            }
+            store_out(k_s + TILE, f, rank * 256);
+        } else if (splits == 1) {
+            const float f[2] = {l_tot[0] > 0.f ? 1.f / l_tot[0] : 0.f, l_tot[1] > 0.f ? 1.f / l_tot[1] : 0.f};
+            if (tiles > 0) {
+                // Through the last tile's stage: this warpgroup's half of it holds the V columns only
+                // its own P V read.
+                store_out(k_s + ((g - 1) % STAGES) * TILE + cw * HM * 512, f, cw * 256);
+            } else {
+                // No keys (no stage of this sequence): zeros (or the sink's) straight from registers.
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (rr[e] < static_cast<int>(heads))
+#pragma unroll
+                        for (int j = 0; j < 32; ++j)
+                            *reinterpret_cast<__nv_bfloat162*>(out + (static_cast<size_t>(b) * heads + rr[e]) * D + c0 + 8 * j) =
+                                __floats2bfloat162_rn(o[4 * j + 2 * e] * f[e], o[4 * j + 2 * e + 1] * f[e]);
+            }
+        } else {
+            // fp32 partials and (m, l) per row, merged by di_attn_decode_combine.
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int h = rr[e];
+                if (h >= static_cast<int>(heads)) continue;
+                float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + c0;
+#pragma unroll
+                for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
+                if (cw == 0 && lane % 4 == 0) {
+                    float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
+                    ml[0] = m_run[e];
+                    ml[1] = l_tot[e];
                 }
             }
-            fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
-            mbar_arrive(&pready[t % 2]);
         }
-        // O = alpha O + P V on this warpgroup's 256 columns, V = the same key tile read MN-major.
-        mbar_wait(&pready[t % 2], (t / 2) & 1);
-        fence_proxy_async_smem();
-        const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            o[4 * j] *= a0;
-            o[4 * j + 1] *= a0;
-            o[4 * j + 2] *= a1;
-            o[4 * j + 3] *= a1;
-        }
-        wgmma_fence_regs(o);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < KT / 16; ++ks)
-            wgmma_m64n256k16_bf16_bmn(o, wgmma_desc_sw128(p_a + (t % 2) * HM * 128 + ks * 32),
-                                      wgmma_desc_sw128_mn(k_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128, CHUNK), 1);
-        wgmma_commit();
-        // Waiting here (the other warpgroup keeps the tensor cores busy meanwhile): with a group
-        // in flight across the loop edge ptxas serialises every wgmma of the loop (warning C7515).
-        wgmma_wait<0>();
-        wgmma_fence_regs(o);
-        if (lane == 0) mbar_arrive(&empty[s]);
-    }
-    // The state after the last tile (the sink's, without tiles).
-    if (tiles > 0) {
-        const float* last = stats + ((tiles - 1) % 2) * 3 * HM;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            m_run[e] = last[rr[e]];
-            l_tot[e] = last[HM + rr[e]];
-        }
-    }
-
-    const uint32_t c0 = cw * 256 + 2 * (lane % 4);
-    const uint32_t wt = threadIdx.x % 128;  // this thread in its warpgroup
-
-    // This warpgroup's 64 rows x 256 columns, scaled per row, to out[b, :, col0..col0 + 256) as
-    // bf16: staged through shared memory (16-byte chunks XOR-swizzled by row: conflict-free both
-    // ways), then whole 512-byte row pieces with 16-byte stores.
-    auto store_out = [&](uint8_t* stage, const float(&f)[2], uint32_t col0) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-                *reinterpret_cast<__nv_bfloat162*>(stage + rr[e] * 512 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) =
-                    __floats2bfloat162_rn(o[4 * j + 2 * e] * f[e], o[4 * j + 2 * e + 1] * f[e]);
-        named_barrier(3 + cw, 128);
-        for (int r = warp; r < HM && r < static_cast<int>(heads); r += 4)
-            *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * heads + r) * D + col0 + lane * 8) =
-                *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r % 8)) * 16));
-    };
-
-    if constexpr (C2) {
-        // Block r finalises output columns 256r..256r + 255: warpgroup 1 - r of each block sends its
-        // unnormalised O (float4 i of thread wt at (i * 128 + wt) * 16: conflict-free) into the
-        // other block's first key stage and its row max and sum into the other block's maxima
-        // area; warpgroup r merges the two and writes its columns.
-        const uint32_t rank = cluster_ctarank();
-        cluster_sync();  // both blocks are done with their key stages and maxima
-        if (cw != static_cast<int>(rank)) {
-            const uint32_t o_remote = mapa_shared(k_a, rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
-#pragma unroll
-            for (int i = 0; i < 32; ++i)
-                st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
-            if (lane % 4 == 0)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
-                    st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
-                }
-        }
-        cluster_sync();
-        if (cw != static_cast<int>(rank)) return;
-        // out = (o e^(m - M) + v e^(m1 - M)) / (l e^(m - M) + l1 e^(m1 - M)), M = max(m, m1).
-        float w[2], w1[2], f[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
-            const float mx = fmaxf(m_run[e], m1);
-            w[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - mx);
-            w1[e] = m1 == -INFINITY ? 0.f : __expf(m1 - mx);
-            const float den = l_tot[e] * w[e] + l1 * w1[e];
-            f[e] = den > 0.f ? 1.f / den : 0.f;
-        }
-        const float4* other = reinterpret_cast<const float4*>(k_s);
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            const float4 v = other[i * 128 + wt];
-            o[4 * i] = o[4 * i] * w[0] + v.x * w1[0];
-            o[4 * i + 1] = o[4 * i + 1] * w[0] + v.y * w1[0];
-            o[4 * i + 2] = o[4 * i + 2] * w[1] + v.z * w1[1];
-            o[4 * i + 3] = o[4 * i + 3] * w[1] + v.w * w1[1];
-        }
-        store_out(k_s + TILE, f, rank * 256);
-    } else if (splits == 1) {
-        const float f[2] = {l_tot[0] > 0.f ? 1.f / l_tot[0] : 0.f, l_tot[1] > 0.f ? 1.f / l_tot[1] : 0.f};
-        store_out(k_s + cw * HM * 512, f, cw * 256);
-    } else {
-        // fp32 partials and (m, l) per row, merged by di_attn_decode_combine.
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int h = rr[e];
-            if (h >= static_cast<int>(heads)) continue;
-            float* dst = o_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * D + c0;
-#pragma unroll
-            for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
-            if (cw == 0 && lane % 4 == 0) {
-                float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
-                ml[0] = m_run[e];
-                ml[1] = l_tot[e];
-            }
-        }
-    }
+        if (lane == 0 && tiles > 0) mbar_arrive(&empty[(g - 1) % STAGES]);
+    }  // sequences
 }
 
 }  // namespace
@@ -368,9 +403,9 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ kv, const int32_t *__restrict__ key_rows,  \
         const int32_t *__restrict__ key_counts, const float *__restrict__ sink, __nv_bfloat16 *__restrict__ out,       \
         float *__restrict__ o_part, float *__restrict__ ml_part, int32_t *__restrict__ status, uint32_t heads,         \
-        uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale
+        uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs
 #define DI_ATTN_WG_ARGS \
-    q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, scale
+    q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, scale, seqs
 
 // Any number of splits (several: fp32 partials merged by di_attn_decode_combine).
 extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1) di_attn_decode_wg(DI_ATTN_WG_PARAMS) {

@@ -853,16 +853,42 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_
             const uint32_t c = c0 + u * halves;
             float v[8];
             const float s = pow2_scale(half_warp_block_amax(raw[u], v));
+            const float inv = __frcp_rn(s);  // exact: s is a power of two
             uint32_t packed[2] = {0, 0};
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-                packed[i / 4] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3))
+            for (int i = 0; i < 8; i += 2)
+                packed[i / 4] |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v[i] * inv, v[i + 1] * inv),
+                                                                                 __NV_SATFINITE, __NV_E4M3))
                                  << (8 * (i % 4));
             if (c < blocks) {
                 *reinterpret_cast<uint2*>(xq + static_cast<size_t>(c) * 128 + sub * 8) = make_uint2(packed[0], packed[1]);
                 if (sub == 0) sx[c] = s;
             }
         }
+    }
+}
+
+// The inverse for callers that hold FP8 activations (xq e4m3 [rows, k], sx one power-of-two scale
+// per 1x128 block): out[r, c] = xq[r, c] * sx[r, c / 128] as bf16, exact (an e4m3 value times a
+// power of two). A thread per 8 values (one 8-byte load, one 16-byte store), grid-stride.
+extern "C" __global__ void __launch_bounds__(256) di_dequantize_x_e4m3(const uint8_t* __restrict__ xq,
+                                                                      const float* __restrict__ sx,
+                                                                      __nv_bfloat16* __restrict__ out,
+                                                                      uint32_t rows, uint32_t k) {
+    const size_t units = static_cast<size_t>(rows) * k / 8;
+    for (size_t u = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; u < units;
+         u += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        const uint2 codes = *reinterpret_cast<const uint2*>(xq + u * 8);
+        const float s = sx[u * 8 / 128];
+        uint32_t packed[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t word = j < 2 ? codes.x : codes.y;
+            const float2 v = e4m3x2(word >> (16 * (j % 2)));
+            const __nv_bfloat162 b = __floats2bfloat162_rn(v.x * s, v.y * s);
+            packed[j] = *reinterpret_cast<const uint32_t*>(&b);
+        }
+        *reinterpret_cast<uint4*>(out + u * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
 }
 
@@ -881,7 +907,7 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_f16p(const __nv_
     __half q[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-        q[i] = __half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3), __NV_E4M3));
+        q[i] = __half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(v[i] * __frcp_rn(s), __NV_SATFINITE, __NV_E4M3), __NV_E4M3));
     // Lane 2u holds x0..x3 of run u, lane 2u+1 x4..x7; each writes half the run's 8 slots.
     const bool odd = lane & 1;
     const __half r0 = __shfl_xor_sync(0xffffffffu, odd ? q[0] : q[2], 1);

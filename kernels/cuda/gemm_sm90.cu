@@ -41,13 +41,67 @@ static_assert(1024 + STAGES * (X_TILE + W_TILE) + 2 * OUT_STAGE + 2 * STAGES * 8
 
 // Tile t of a persistent walk: groups of GROUP_M row tiles; inside a group rows vary fastest, so
 // the blocks in flight share a few W tiles (read once from HBM) and a few x tiles.
+template <uint32_t GM = GROUP_M>
 __device__ __forceinline__ void tile_coords(uint32_t t, uint32_t tiles_m, uint32_t tiles_n, uint32_t& mt,
                                             uint32_t& nt) {
-    const uint32_t group = t / (GROUP_M * tiles_n), first = group * GROUP_M;
-    const uint32_t gm = tiles_m - first < GROUP_M ? tiles_m - first : GROUP_M;
-    const uint32_t local = t - group * GROUP_M * tiles_n;
+    const uint32_t group = t / (GM * tiles_n), first = group * GM;
+    const uint32_t gm = tiles_m - first < GM ? tiles_m - first : GM;
+    const uint32_t local = t - group * GM * tiles_n;
     mt = first + local % gm;
     nt = local / gm;
+}
+
+}  // namespace
+#endif
+
+#if DI_SM90
+namespace {
+
+// A consumer warpgroup's 64 x 128 fp32 accumulator (rows warp * 16 + lane / 4 (+ 8), columns
+// 8 j + 2 (lane % 4) (+ 1)) out as bf16 rows row0.. of y, columns n0..: through this warpgroup's
+// staging (16-byte chunks XOR-swizzled by row: conflict-free both ways), then whole 256-byte rows
+// with 16-byte stores. bar: the warpgroup's named barrier.
+__device__ __forceinline__ void store_rows_bf16(uint8_t* stage, const float (&acc)[64], uint32_t bar, uint32_t row0,
+                                                uint32_t n0, uint32_t m, uint32_t n, __nv_bfloat16* __restrict__ y) {
+    const uint32_t warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    named_barrier(bar, 128);  // the previous rows are out
+    const uint32_t ra = warp * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const uint32_t r = ra + 8 * e;
+            const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
+            *reinterpret_cast<__nv_bfloat162*>(stage + at) =
+                __floats2bfloat162_rn(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
+        }
+    }
+    named_barrier(bar, 128);
+    const uint32_t tid = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
+        const uint32_t row = row0 + r, col = n0 + c * 8;
+        if (row < m && col < n)
+            *reinterpret_cast<uint4*>(y + static_cast<size_t>(row) * n + col) =
+                *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
+    }
+}
+
+// The same accumulator's fp32 sums straight into a split's partial [m, n].
+__device__ __forceinline__ void store_rows_f32(float* __restrict__ part, const float (&acc)[64], uint32_t row0,
+                                               uint32_t n0, uint32_t m, uint32_t n) {
+    const uint32_t warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const uint32_t row = row0 + warp * 16 + lane / 4 + 8 * e;
+            const uint32_t col = n0 + 8 * j + 2 * (lane % 4);
+            if (row < m && col < n)
+                *reinterpret_cast<float2*>(part + static_cast<size_t>(row) * n + col) =
+                    make_float2(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
+        }
 }
 
 }  // namespace
@@ -161,55 +215,16 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
             if (!ROWS || m0 + cw * 128 + 64 < m) half(acc1, s, 1, f[2], f[3]);
             if (lane == 0) mbar_arrive(&empty[s]);
         }
-        // Outputs through shared memory: the half's 64 x 128 bf16 into this warpgroup's staging
-        // (16-byte chunks XOR-swizzled by row: conflict-free both ways), then whole 256-byte rows
-        // out with 16-byte stores.
-        uint8_t* stage = out_stage + cw * OUT_STAGE;
-        auto store = [&](const float(&acc)[64], uint32_t h) {
-            named_barrier(1 + cw, 128);  // the previous half's rows are out
-            const uint32_t ra = warp * 16 + lane / 4;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const uint32_t r = ra + 8 * e;
-                    const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
-                    *reinterpret_cast<__nv_bfloat162*>(stage + at) =
-                        __floats2bfloat162_rn(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
-                }
-            }
-            named_barrier(1 + cw, 128);
-            const uint32_t tid = threadIdx.x % 128;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
-                const uint32_t row = m0 + cw * 128 + h * 64 + r, col = n0 + c * 8;
-                if (row < m && col < n)
-                    *reinterpret_cast<uint4*>(y + static_cast<size_t>(row) * n + col) =
-                        *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
-            }
-        };
+        // Outputs through this warpgroup's shared-memory staging as whole rows, or one split's sums.
+        const uint32_t row0 = m0 + cw * 128;
         if (splits == 1) {
-            store(acc0, 0);
-            store(acc1, 1);
+            uint8_t* stage = out_stage + cw * OUT_STAGE;
+            store_rows_bf16(stage, acc0, 1 + cw, row0, n0, m, n, y);
+            store_rows_bf16(stage, acc1, 1 + cw, row0 + 64, n0, m, n, y);
         } else {
-            // This split's fp32 sums straight from the accumulators: rows as above, columns
-            // 8 j + 2 (lane % 4) (+ 1) of the tile.
             float* part = partial + static_cast<size_t>(t / tiles) * m * n;
-            auto store_f32 = [&](const float(&acc)[64], uint32_t h) {
-#pragma unroll
-                for (int j = 0; j < 16; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const uint32_t row = m0 + cw * 128 + h * 64 + warp * 16 + lane / 4 + 8 * e;
-                        const uint32_t col = n0 + 8 * j + 2 * (lane % 4);
-                        if (row < m && col < n)
-                            *reinterpret_cast<float2*>(part + static_cast<size_t>(row) * n + col) =
-                                make_float2(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
-                    }
-            };
-            store_f32(acc0, 0);
-            store_f32(acc1, 1);
+            store_rows_f32(part, acc0, row0, n0, m, n);
+            store_rows_f32(part, acc1, row0 + 64, n0, m, n);
         }
     }
 #else
@@ -226,6 +241,178 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
     }
 DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma, false)
 DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma_rows, true)
+
+// ---------------------------------------------------------------------------------------------
+// di_gemm_fp8_wgmma_p: the same op on 128 x 128 tiles with the scaling pipelined. In the kernel
+// above each consumer warpgroup owns two 64-row halves, and the registers (two 64-value running
+// sums and one 64-value block sum) leave room for one k block's MMAs in flight: the warpgroup
+// waits for them before scaling, and its tensor work stops while it scales. Here each consumer
+// warpgroup owns one 64-row half of a 128 x 128 tile and keeps two block sums: the MMAs of k block
+// b + 1 run while the sums of block b are scaled into the running sum (wgmma.wait_group 1), so a
+// warpgroup always has MMAs queued. The cost: W tiles are shared by 128 rows instead of 256 (a
+// third more bytes from L2 per FLOP); 32 KB stages allow six of them.
+constexpr int DI_WGMMA_P_THREADS = 3 * 128;  // producer + two consumer warpgroups
+
+#if DI_SM90
+namespace {
+
+constexpr int PBM = 128;                 // rows of x per tile: 64 per consumer warpgroup
+constexpr int PSTAGES = 6;               // ring depth
+constexpr int PX_TILE = PBM * BK;        // bytes of one x tile
+constexpr uint32_t P_GROUP_M = 16;       // 2048 rows of x per tile group, as GROUP_M above
+constexpr int PU = 4;                    // k blocks an iteration of the consumer loop
+static_assert(1024 + PSTAGES * (PX_TILE + W_TILE) + 2 * OUT_STAGE + 2 * PSTAGES * 8 == 230496,
+              "wgmma.rs GEMM_WGMMA_P_SMEM");
+
+}  // namespace
+#endif
+
+__device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMap& map_w, const float* __restrict__ sx,
+                                            const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
+                                            float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k,
+                                            uint32_t splits) {
+#if DI_SM90
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t* x_tiles = base;
+    uint8_t* w_tiles = base + PSTAGES * PX_TILE;
+    uint8_t* out_stage = base + PSTAGES * (PX_TILE + W_TILE);
+    uint64_t* full = reinterpret_cast<uint64_t*>(out_stage + 2 * OUT_STAGE);
+    uint64_t* empty = full + PSTAGES;
+    const uint32_t nk = k / BK;
+    const uint32_t tiles_n = (n + BN - 1) / BN;
+    const uint32_t tiles_m = (m + PBM - 1) / PBM;
+    const uint32_t tiles = tiles_n * tiles_m;
+    const uint32_t items = tiles * splits, per_split = (nk + splits - 1) / splits;
+    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) {
+        tile_coords<P_GROUP_M>(t % tiles, tiles_m, tiles_n, mt, nt);
+        kb0 = min(t / tiles * per_split, nk);
+        kb1 = min(kb0 + per_split, nk);
+    };
+    const int wg = threadIdx.x / 128;
+    ring_init(full, empty, PSTAGES, 8);  // empty: lane 0 of each consumer warp
+
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (threadIdx.x != 0) return;
+        tma_prefetch_map(&map_x);
+        tma_prefetch_map(&map_w);
+        uint32_t it = 0;
+        for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
+            uint32_t mt, nt, kb0, kb1;
+            item(t, mt, nt, kb0, kb1);
+            const int32_t m0 = static_cast<int32_t>(mt * PBM), n0 = static_cast<int32_t>(nt * BN);
+            for (uint32_t kb = kb0; kb < kb1; ++kb, ++it) {
+                const uint32_t s = it % PSTAGES;
+                mbar_wait(&empty[s], ((it / PSTAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], PX_TILE + W_TILE);
+                tma_load_2d(x_tiles + s * PX_TILE, &map_x, static_cast<int32_t>(kb * BK), m0, &full[s]);
+                tma_load_2d(w_tiles + s * W_TILE, &map_w, static_cast<int32_t>(kb * BK), n0, &full[s]);
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<232>();
+    const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    uint32_t it = 0;  // k blocks consumed so far: slot it % PSTAGES, pass it / PSTAGES
+    for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
+        uint32_t mt, nt, kb0, kb1;
+        item(t, mt, nt, kb0, kb1);
+        const uint32_t m0 = mt * PBM, n0 = nt * BN;
+        const uint32_t r0 = m0 + cw * 64 + warp * 16 + lane / 4;
+        const float* sx0 = sx + static_cast<size_t>(r0 < m ? r0 : m - 1) * nk;
+        const float* sx1 = sx + static_cast<size_t>(r0 + 8 < m ? r0 + 8 : m - 1) * nk;
+        const uint8_t* swt = sw + static_cast<size_t>(n0 / 128) * nk;
+        float acc[64], ba[64], bb[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        // Queue the MMAs of the k block in slot `it % PSTAGES` into blk (one commit group).
+        auto issue = [&](float(&blk)[64], uint32_t at) {
+            const uint32_t s = at % PSTAGES;
+            mbar_wait(&full[s], (at / PSTAGES) & 1);
+            const uint32_t xa = smem_addr(x_tiles + s * PX_TILE + cw * 64 * BK);
+            const uint32_t wa = smem_addr(w_tiles + s * W_TILE);
+            wgmma_fence_regs(blk);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 32; ++kk)
+                wgmma_m64n128k32_e4m3(blk, wgmma_desc_sw128(xa + kk * 32), wgmma_desc_sw128(wa + kk * 32), kk > 0);
+            wgmma_commit();
+        };
+        // The factors of block kb: the x row scales times the W block scale.
+        auto factors = [&](uint32_t kb, float(&f)[2]) {
+            const float sb = e8m0(swt[kb]);
+            f[0] = sx0[kb] * sb;
+            f[1] = sx1[kb] * sb;
+        };
+        // A block's sums (complete) times its factors into acc; then its slot is free.
+        auto scale = [&](float(&blk)[64], const float(&f)[2], uint32_t at) {
+            wgmma_fence_regs(blk);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                acc[4 * j] = fmaf(blk[4 * j], f[0], acc[4 * j]);
+                acc[4 * j + 1] = fmaf(blk[4 * j + 1], f[0], acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(blk[4 * j + 2], f[1], acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(blk[4 * j + 3], f[1], acc[4 * j + 3]);
+            }
+            if (lane == 0) mbar_arrive(&empty[at % PSTAGES]);
+        };
+        // Blocks alternate between ba and bb: block kb + 1's MMAs are queued before block kb is
+        // scaled. PU blocks an iteration with nothing in flight across the loop edge (ptxas
+        // otherwise waits there and serialises every MMA), so one scaling in PU is exposed; the
+        // remainder one block at a time. An iteration's factors are loaded during the one before.
+        float f[PU][2];
+        auto load_factors = [&](uint32_t from, float(&g)[PU][2]) {
+#pragma unroll
+            for (int i = 0; i < PU; ++i)
+                if (from + i < kb1) factors(from + i, g[i]);
+        };
+        uint32_t kb = kb0;
+        load_factors(kb, f);
+        for (; kb + PU <= kb1; kb += PU, it += PU) {
+            float g[PU][2];
+            load_factors(kb + PU, g);
+            issue(ba, it);
+#pragma unroll
+            for (int i = 0; i < PU; ++i) {
+                float(&cur)[64] = i % 2 ? bb : ba;
+                if (i + 1 < PU) {
+                    issue(i % 2 ? ba : bb, it + i + 1);
+                    wgmma_wait<1>();
+                } else {
+                    wgmma_wait<0>();
+                }
+                scale(cur, f[i], it + i);
+            }
+#pragma unroll
+            for (int i = 0; i < PU; ++i) f[i][0] = g[i][0], f[i][1] = g[i][1];
+        }
+        for (; kb < kb1; ++kb, ++it) {
+            float h[2];
+            factors(kb, h);
+            issue(ba, it);
+            wgmma_wait<0>();
+            scale(ba, h, it);
+        }
+        const uint32_t row0 = m0 + cw * 64;
+        if (splits == 1)
+            store_rows_bf16(out_stage + cw * OUT_STAGE, acc, 1 + cw, row0, n0, m, n, y);
+        else
+            store_rows_f32(partial + static_cast<size_t>(t / tiles) * m * n, acc, row0, n0, m, n);
+    }
+#else
+    __trap();  // sm_90a only; the launcher never picks it elsewhere
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(DI_WGMMA_P_THREADS, 1)
+    di_gemm_fp8_wgmma_p(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,
+                        const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
+                        float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k, uint32_t splits) {
+    fp8_wgmma_p(map_x, map_w, sx, sw, y, partial, m, n, k, splits);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Grouped FP4 GEMM for MoE prefill on Hopper: y[r, :] = W_e . x_r for the rows r of each expert's
@@ -529,7 +716,7 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
             uint32_t q[2] = {0, 0};
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-                q[i / 4] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / s, __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
+                q[i / 4] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] * __frcp_rn(s), __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
             const uint32_t chunk = (l / 2) ^ (t & 7);
             *reinterpret_cast<uint2*>(xs + j * N * 128 + t * 128 + chunk * 16 + (l % 2) * 8) = make_uint2(q[0], q[1]);
             if (l == 0) sxs[j * N + t] = s;

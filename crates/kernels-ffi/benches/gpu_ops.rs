@@ -68,6 +68,33 @@ fn time_batched_ms(
 
 type DeviceBufferF = deepinfer_kernels_ffi::DeviceBuffer<f32>;
 
+/// About a millisecond of other work to queue ahead of a timed call (RMSNorms over 256 MiB).
+fn filler(s: &Stream) -> (DeviceBufferF, DeviceBufferF, DeviceBufferF) {
+    (s.zeros::<f32>(16384 * 4096).unwrap(), s.upload(&vec![1f32; 4096]).unwrap(), s.zeros::<f32>(16384 * 4096).unwrap())
+}
+
+/// Milliseconds of one call of `f` as the GPU runs it: events around each call (median of RUNS),
+/// each queued behind ~1 ms of filler so the call's launches (and their host work: tensor maps,
+/// the quantisation launch) are queued before the GPU reaches them, as in an engine step that runs
+/// ahead of the GPU. `time_ms` instead counts the host's launch time of an idle GPU.
+fn time_queued_ms(s: &Stream, fl: &mut (DeviceBufferF, DeviceBufferF, DeviceBufferF), mut f: impl FnMut()) -> f64 {
+    for _ in 0..WARMUP {
+        f();
+    }
+    let p = RmsNormParams::packed(16384, 4096, 1e-6);
+    let mut t = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        for _ in 0..12 {
+            ops::rms_norm(s, &fl.0, &fl.1, &mut fl.2, &p).unwrap();
+        }
+        let a = s.record_event().unwrap();
+        f();
+        let b = s.record_event().unwrap();
+        t.push(a.elapsed_ms(&b).unwrap());
+    }
+    median(t)
+}
+
 fn to<T: Element>(v: &[f32]) -> Vec<T> {
     v.iter().map(|x| T::from_f32(*x)).collect()
 }
@@ -196,11 +223,7 @@ fn gemm_case(
         i += 1;
         run(s, &xb, &ws[i % copies], &scb, &mut y)
     });
-    let mut filler = (
-        s.zeros::<f32>(16384 * 4096).unwrap(),
-        s.upload(&vec![1f32; 4096]).unwrap(),
-        s.zeros::<f32>(16384 * 4096).unwrap(),
-    );
+    let mut filler = filler(s);
     let ms_queued = time_batched_ms(s, Some(&mut filler), || {
         i += 1;
         run(s, &xb, &ws[i % copies], &scb, &mut y)
@@ -268,17 +291,45 @@ fn prefill_case(s: &Stream, rng: &mut SplitMix, what: &str, m: u32, n: usize, k:
     let wbfb = s.upload(&wbf).unwrap();
     let pb = GemmParams::new(m, n as u32, k as u32, false);
     let ms_bf16 = time_ms(s, || ops::gemm_bf16(s, &xb, &wbfb, &mut y, &pb).unwrap());
+    // The FP8 x FP8 GEMM alone: x quantised once (quantize_act_fp8), then gemm_fp8_act, whose
+    // output must be the same bits.
+    let mut xq = s.zeros::<u8>(m as usize * k).unwrap();
+    let mut sx = s.zeros::<f32>(m as usize * k / 128).unwrap();
+    let ms_quant = time_ms(s, || ops::quantize_act_fp8(s, &xb, &mut xq, &mut sx, m, k as u32).unwrap());
+    let mut y_act = s.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap();
+    ops::gemm_fp8_act(s, &xq, &sx, &wbuf, &scb, &mut y_act, &p).unwrap();
+    assert!(
+        s.download_range(&y_act, 0, 16 * n).unwrap().iter().map(|v| v.to_f32()).eq(got.iter().copied()),
+        "prefill gemm {m}x{n}x{k}: gemm_fp8_act differs from gemm_lowp"
+    );
+    let ms_act = time_ms(s, || ops::gemm_fp8_act(s, &xq, &sx, &wbuf, &scb, &mut y_act, &p).unwrap());
+    let mut fl = filler(s);
+    let q_ms = time_queued_ms(s, &mut fl, || ops::gemm_lowp(s, f, &xb, &wbuf, &scb, &mut y, &p).unwrap());
+    let q_act = time_queued_ms(s, &mut fl, || ops::gemm_fp8_act(s, &xq, &sx, &wbuf, &scb, &mut y_act, &p).unwrap());
+    let q_bf16 = time_queued_ms(s, &mut fl, || ops::gemm_bf16(s, &xb, &wbfb, &mut y, &pb).unwrap());
+    drop(fl);
+    let kernel = ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default();
     println!(
-        "prefill gemm {what:<18} {:<20} FP8 m={m} n={n} k={k}  median {ms:>8.4} ms  {:.0} TFLOP/s  FP8 floor {floor_ms:.4} ms  achieved/floor {:.3} | cuBLASLt bf16 {ms_bf16:.4} ms ({:.0} TFLOP/s, achieved/bf16 floor {:.3})  rel_err(16 rows) {rel:.1e}",
-        ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default(),
+        "prefill gemm {what:<18} {kernel:<20} FP8 m={m} n={n} k={k}  median {ms:>8.4} ms  {:.0} TFLOP/s  FP8 floor {floor_ms:.4} ms  achieved/floor {:.3} | FP8 x given: {ms_act:.4} ms ({:.0} TFLOP/s, achieved/floor {:.3}; quantisation {ms_quant:.4} ms) | cuBLASLt bf16 {ms_bf16:.4} ms ({:.0} TFLOP/s, achieved/bf16 floor {:.3})  rel_err(16 rows) {rel:.1e}",
         flops / (ms * 1e-3) / 1e12,
         floor_ms / ms,
+        flops / (ms_act * 1e-3) / 1e12,
+        floor_ms / ms_act,
         flops / (ms_bf16 * 1e-3) / 1e12,
         flops / BF16_FLOP_PER_S * 1e3 / ms_bf16,
     );
+    println!(
+        "prefill gemm {what:<18} GPU-queued: op {q_ms:.4} ms (achieved/floor {:.3}) | FP8 x given {q_act:.4} ms (achieved/floor {:.3}) | cuBLASLt bf16 {q_bf16:.4} ms (achieved/bf16 floor {:.3})",
+        floor_ms / q_ms,
+        floor_ms / q_act,
+        flops / BF16_FLOP_PER_S * 1e3 / q_bf16,
+    );
     serde_json::json!({"op": "gemm_lowp_prefill", "weights": what, "format": "Fp8Block128", "m": m, "n": n, "k": k,
-        "kernel": ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default(), "quantize_x": true, "flops": flops,
+        "kernel": kernel, "quantize_x": true, "flops": flops,
         "median_ms": ms, "fp8_floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
+        "fp8_act_gemm_ms": ms_act, "fp8_act_achieved_over_floor": floor_ms / ms_act, "quantize_act_ms": ms_quant,
+        "gpu_queued_ms": q_ms, "gpu_queued_achieved_over_floor": floor_ms / q_ms, "gpu_queued_fp8_act_ms": q_act,
+        "gpu_queued_fp8_act_achieved_over_floor": floor_ms / q_act, "gpu_queued_cublaslt_bf16_ms": q_bf16,
         "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_tflop_per_s": flops / (ms_bf16 * 1e-3) / 1e12, "rel_err_vs_cpu_first_16_rows": rel})
 }
 
@@ -362,18 +413,26 @@ fn main() {
             ops::set_wgmma_split_k(true);
         }
     }
-    // Prefill-shaped FP8 GEMMs (4096 and 16384 tokens): the wgmma kernel (on an sm_90 GPU), then
-    // the same shape on the earlier tiled kernel (DEEPINFER_BENCH_ONLY=wgmma / =tiled picks one).
+    // Prefill-shaped FP8 GEMMs (4096 and 16384 tokens): the default kernel (on an sm_90 GPU the
+    // wgmma one: pipelined 128 x 128 tiles for k >= 2048), the 256 x 128 wgmma kernel where that
+    // was not the default, then the earlier tiled kernel (DEEPINFER_BENCH_ONLY=wgmma-p /
+    // =wgmma-256 / =tiled picks one).
     for (what, n, k) in [("attn.wq_b", 32768, 1024), ("attn.wo_b", 4096, 8192), ("shared_experts.w1", 2048, 4096)] {
         for m in [4096u32, 16384] {
-            for wgmma in [true, false] {
-                let label = format!("prefill {what} m={m} {}", if wgmma { "wgmma" } else { "tiled" });
-                if !wanted(&label) || (m > 4096 && !wgmma) {
-                    continue;
-                }
+            let mut done = Vec::new();
+            for (variant, wgmma, pipelined) in
+                [("wgmma-p", true, true), ("wgmma-256", true, false), ("tiled", false, true)]
+            {
+                let label = format!("prefill {what} m={m} {variant}");
                 ops::set_fp8_wgmma(wgmma);
-                results.push(prefill_case(&s, &mut rng, what, m, n, k));
+                ops::set_fp8_wgmma_pipelined(pipelined);
+                let kernel = ops::gemm_lowp_cuda_kernel(&s, Fp8Block128, &GemmParams::new(m, n as u32, k as u32, true));
+                if wanted(&label) && (m <= 4096 || wgmma) && !done.contains(&kernel) {
+                    results.push(prefill_case(&s, &mut rng, what, m, n, k));
+                    done.push(kernel);
+                }
                 ops::set_fp8_wgmma(true);
+                ops::set_fp8_wgmma_pipelined(true);
             }
         }
     }
@@ -384,7 +443,7 @@ fn main() {
         "device": gpu,
         "driver": report.driver_version.unwrap_or_else(|e| e),
         "floor_bytes_per_s": FLOOR_BYTES_PER_S,
-        "method": "norms and rope: CUDA events around each launch, 5 warm-up + 50 timed, median; decode GEMMs: events around batches of 20 back-to-back launches over rotating weight copies (> 256 MiB, so HBM), median of 20 batches; gpu_queued: the same batches queued behind ~1 ms of filler work so the GPU never waits for the host; prefill GEMMs: events around each launch; outputs checked against the CPU backend",
+        "method": "norms and rope: CUDA events around each launch, 5 warm-up + 50 timed, median; decode GEMMs: events around batches of 20 back-to-back launches over rotating weight copies (> 256 MiB, so HBM), median of 20 batches; gpu_queued: the same batches queued behind ~1 ms of filler work so the GPU never waits for the host; prefill GEMMs: events around each launch, and (gpu_queued) around each launch queued behind ~1 ms of filler; outputs checked against the CPU backend",
         "results": results,
     });
     if let Some(path) = std::env::var_os("DEEPINFER_BENCH_JSON") {

@@ -189,13 +189,97 @@ pub fn gemm_lowp(
     }
 }
 
+/// FP8 activations for [`gemm_fp8_act`]: the first `rows` rows of x [.., k] (k a multiple of 128)
+/// as e4m3 codes `xq` [rows, k] and one power-of-two scale per 1x128 block `sx` [rows, k / 128]: the
+/// official activation quantisation, the one [`gemm_lowp`] applies itself with `quantize_x`
+/// (amax floored at 1e-4; [`crate::quant::fp8_quantize`]). Codes times scales are exact in bf16.
+pub fn quantize_act_fp8(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    xq: &mut DeviceBuffer<u8>,
+    sx: &mut DeviceBuffer<f32>,
+    rows: u32,
+    k: u32,
+) -> Result<()> {
+    const OP: &str = "quantize_act_fp8";
+    if k == 0 || !k.is_multiple_of(128) {
+        return Err(FfiError::shape(OP, "k", format!("{k} must be a positive multiple of 128")));
+    }
+    let (r, kk) = (rows as usize, k as usize);
+    check_len(OP, "x", x, r * kk)?;
+    check_len(OP, "xq", xq, r * kk)?;
+    check_len(OP, "sx", sx, r * kk / 128)?;
+    stream.check_on(OP, "x", x)?;
+    stream.check_on(OP, "xq", xq)?;
+    stream.check_on(OP, "sx", sx)?;
+    match (&x.storage, &mut xq.storage, &mut sx.storage) {
+        (Storage::Host(x), Storage::Host(xq), Storage::Host(sx)) => {
+            let v: Vec<f32> = x[..r * kk].iter().map(|v| v.to_f32()).collect();
+            let (codes, scales) = crate::quant::fp8_quantize(&v, 128, 1e-4);
+            xq[..r * kk].copy_from_slice(&codes);
+            sx[..r * kk / 128].copy_from_slice(&scales);
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(_), Storage::Cuda(_), Storage::Cuda(_)) => {
+            crate::cuda::launch::quantize_act_fp8(stream, x, xq, sx, rows, k)
+        }
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified every buffer is on the stream's device"),
+    }
+}
+
+/// y = x·Wᵀ with FP8 weights (`WeightFormat::Fp8Block128`, k a multiple of 128) and x already
+/// quantised to FP8 (`xq` e4m3 [m, k], `sx` [m, k / 128], as [`quantize_act_fp8`] or a producer
+/// that fuses it write them): the product [`gemm_lowp`] forms with `quantize_x`, without its
+/// quantisation pass (`p.quantize_x` is not read). On an sm_90 GPU with more than 32 rows the wgmma
+/// kernels read xq and sx directly; other shapes and devices dequantise x into bf16 (exact) and
+/// run [`gemm_lowp`] with `quantize_x`, whose rounding leaves those values unchanged
+/// ([`crate::quant::fp8_round_trip`] is idempotent).
+pub fn gemm_fp8_act(
+    stream: &Stream,
+    xq: &DeviceBuffer<u8>,
+    sx: &DeviceBuffer<f32>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &GemmParams,
+) -> Result<()> {
+    const OP: &str = "gemm_fp8_act";
+    if p.m == 0 || p.n == 0 || p.k == 0 || !p.k.is_multiple_of(128) {
+        return Err(FfiError::shape(
+            OP,
+            "k",
+            format!("m {}, n {} and k {} must be positive, k a multiple of 128", p.m, p.n, p.k),
+        ));
+    }
+    check_gemm_buffers(OP, stream, WeightFormat::Fp8Block128, xq, w, scale, y, p)?;
+    check_len(OP, "sx", sx, p.m as usize * p.k as usize / 128)?;
+    stream.check_on(OP, "sx", sx)?;
+    let q = GemmParams { quantize_x: 1, ..*p };
+    match (&xq.storage, &sx.storage) {
+        (Storage::Host(codes), Storage::Host(scales)) => {
+            let (m, k) = (p.m as usize, p.k as usize);
+            let x: Vec<half::bf16> = (0..m * k)
+                .map(|i| half::bf16::from_f32(crate::quant::e4m3_to_f32(codes[i]) * scales[i / 128]))
+                .collect();
+            let x = DeviceBuffer { storage: Storage::Host(x) };
+            gemm_lowp(stream, WeightFormat::Fp8Block128, &x, w, scale, y, &q)
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(_), Storage::Cuda(_)) => crate::cuda::launch::gemm_fp8_act(stream, xq, sx, w, scale, y, &q),
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified every buffer is on the stream's device"),
+    }
+}
+
 /// The lengths (x [m, k], w and scale for the format, y [m, n]) and devices of a GEMM's buffers.
 #[allow(clippy::too_many_arguments)]
-fn check_gemm_buffers(
+fn check_gemm_buffers<X: Element>(
     op: &'static str,
     stream: &Stream,
     format: WeightFormat,
-    x: &DeviceBuffer<half::bf16>,
+    x: &DeviceBuffer<X>,
     w: &DeviceBuffer<u8>,
     scale: &DeviceBuffer<u8>,
     y: &DeviceBuffer<half::bf16>,
@@ -356,6 +440,16 @@ kernel_switch!(
     fp8_wgmma
 );
 
+kernel_switch!(
+    FP8_WGMMA_PIPELINED,
+    /// Whether Hopper FP8 wgmma GEMMs of 256 rows or more and k >= 2048 run the pipelined kernel
+    /// (`di_gemm_fp8_wgmma_p`, the default: 128 x 128 tiles, the next k block's MMAs queued while a
+    /// block is scaled) or the 256 x 128 one (`di_gemm_fp8_wgmma`, which shorter k always runs): a
+    /// process-wide switch for A/B benchmarks; results agree within the GEMM tolerance.
+    set_fp8_wgmma_pipelined,
+    fp8_wgmma_pipelined
+);
+
 /// The k splits of the Hopper wgmma GEMM (`di_gemm_fp8_wgmma*`) for this shape on `stream`'s GPU;
 /// `None` where that kernel does not run (CPU, other GPUs, other shapes).
 pub fn wgmma_k_splits(stream: &Stream, p: &GemmParams) -> Option<u32> {
@@ -363,9 +457,10 @@ pub fn wgmma_k_splits(stream: &Stream, p: &GemmParams) -> Option<u32> {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(b) => {
             let kernel = gemm_lowp_cuda_kernel(stream, WeightFormat::Fp8Block128, p)?;
-            kernel
-                .starts_with("di_gemm_fp8_wgmma")
-                .then(|| crate::cuda::wgmma::gemm_wgmma_splits(p.m, p.n, p.k, b.sm_count()))
+            kernel.starts_with("di_gemm_fp8_wgmma").then(|| {
+                let form = crate::cuda::wgmma::gemm_wgmma_form(p.m, p.k);
+                crate::cuda::wgmma::gemm_wgmma_splits(form, p.m, p.n, p.k, b.sm_count())
+            })
         }
         _ => {
             let _ = p;

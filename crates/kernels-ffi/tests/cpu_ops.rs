@@ -81,3 +81,41 @@ fn rope_at_position_zero_is_identity() {
     cpu::rope(&mut y, &[0, 0], &f, &RopeParams::new(2, 1, 16, 16, false));
     assert_eq!(x, y);
 }
+
+/// The FP8-activation GEMM on the CPU stream: quantising x with `quantize_act_fp8` and running
+/// `gemm_fp8_act` gives the same bits as `gemm_lowp` with `quantize_x` (the same rounded values,
+/// the same sums); bad lengths and k name their field.
+#[test]
+fn gemm_fp8_act_equals_gemm_lowp_with_quantised_x() {
+    use deepinfer_kernels_ffi::{ops, Device, GemmParams};
+    use half::bf16;
+    let s = Device::cpu().default_stream();
+    let (m, n, k) = (5usize, 144usize, 384usize);
+    let mut seed = 7u64;
+    let mut next = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed >> 33
+    };
+    let x: Vec<bf16> =
+        (0..m * k).map(|i| bf16::from_f32(((next() % 2001) as f32 - 1000.0) * 1e-3 * (1 + i % 5) as f32)).collect();
+    let w: Vec<u8> = (0..n * k).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(next())).collect();
+    let sc: Vec<u8> = (0..n.div_ceil(128) * k / 128).map(|_| 120 + (next() % 8) as u8).collect();
+    let (xb, wb, sb) = (s.upload(&x).unwrap(), s.upload(&w).unwrap(), s.upload(&sc).unwrap());
+    let mut xq = s.zeros::<u8>(m * k).unwrap();
+    let mut sx = s.zeros::<f32>(m * k / 128).unwrap();
+    ops::quantize_act_fp8(&s, &xb, &mut xq, &mut sx, m as u32, k as u32).unwrap();
+    let p = GemmParams::new(m as u32, n as u32, k as u32, true);
+    let mut want = s.zeros::<bf16>(m * n).unwrap();
+    ops::gemm_lowp(&s, ops::WeightFormat::Fp8Block128, &xb, &wb, &sb, &mut want, &p).unwrap();
+    let mut got = s.zeros::<bf16>(m * n).unwrap();
+    ops::gemm_fp8_act(&s, &xq, &sx, &wb, &sb, &mut got, &GemmParams::new(m as u32, n as u32, k as u32, false)).unwrap();
+    assert_eq!(s.download(&got).unwrap(), s.download(&want).unwrap());
+    let e = ops::gemm_fp8_act(&s, &xq, &s.zeros::<f32>(3).unwrap(), &wb, &sb, &mut got, &p).unwrap_err().to_string();
+    assert!(e.contains("sx"), "{e}");
+    let e = ops::quantize_act_fp8(&s, &xb, &mut xq, &mut sx, m as u32, 100).unwrap_err().to_string();
+    assert!(e.contains("k"), "{e}");
+    let e = ops::quantize_act_fp8(&s, &xb, &mut s.zeros::<u8>(10).unwrap(), &mut sx, m as u32, k as u32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("xq"), "{e}");
+}

@@ -71,6 +71,10 @@ fn gpu_attention_decode_matches_cpu() {
         (7, 40, 33, false, 1.0),
         // Two splits (the cluster kernel on sm_90) with fewer heads and ragged lengths.
         (50, 40, 300, false, 2.0),
+        // More sequences than SMs with one split: the persistent wgmma kernel's blocks loop over
+        // sequences (ragged, many with no keys at all when there are at most 3).
+        (200, 64, 130, false, 4.0),
+        (400, 64, 3, false, 2.0),
     ];
     // Every kernel this GPU runs for the shape: on sm_90 the warpgroup-MMA kernel (the default) and
     // the mma.sync one; elsewhere only the latter.
@@ -121,9 +125,10 @@ fn check_decode(gpu: &Stream, cpu: &Stream, kernel: &str, c0: &Case) {
 /// summed in fp32 in another order), and the GPU's top-k exactly equal to the CPU's selection rule
 /// applied to the GPU's scores (ties to the lower position, ascending, -1 padding); against the CPU's
 /// own scores the sets match wherever the k-th and (k+1)-th scores are not within 1e-3.
-/// Prefill chunks: 45 queries at position 300 (a cached prefix before them, so windows straddle the
-/// chunk boundary), window 128, against HCA rows (every closed window of 8) and against per-query
-/// selections (CSA-like); keys live in a shuffled pool. Same tolerance as decode.
+/// Prefill chunks: 300 queries at position 300 (a cached prefix before them, so windows straddle the
+/// chunk boundary; more queries than SMs, so the persistent kernel's blocks take several), window
+/// 128, against HCA rows (every closed window of 8) and against per-query selections (CSA-like);
+/// keys live in a shuffled pool. Same tolerance as decode.
 #[test]
 fn gpu_attention_prefill_matches_cpu() {
     use deepinfer_kernels_ffi::attention::{attention_prefill, CompressedRows, PrefillAttnShape, PrefillRows};
@@ -133,7 +138,7 @@ fn gpu_attention_prefill_matches_cpu() {
     let seed = fresh_seed();
     println!("seed {seed}");
     let mut rng = SplitMix(seed);
-    let (pos0, tokens, window, heads) = (300usize, 45usize, 128usize, 64u32);
+    let (pos0, tokens, window, heads) = (300usize, 300usize, 128usize, 64u32);
     let positions = pos0 + tokens;
     let comp = positions / 8;
     let pool = positions + comp + 17;

@@ -12,7 +12,7 @@
 //!   boundary, and such elements are rare, so the norm-wise error stays far below 2^-8; 4e-3.
 
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, SplitMix};
-use deepinfer_kernels_ffi::{ops, Device, Element, RmsNormParams, RopeConfig, RopeParams, Stream, Yarn};
+use deepinfer_kernels_ffi::{ops, Device, DeviceBuffer, Element, RmsNormParams, RopeConfig, RopeParams, Stream, Yarn};
 use half::bf16;
 
 const F32_TOL: f64 = 2e-6;
@@ -163,6 +163,53 @@ fn gemm_on(
     from(&s.download(&y).unwrap())
 }
 
+/// FP8 activations: `quantize_act_fp8` on the GPU gives the CPU's codes and scales bit for bit, and
+/// `gemm_fp8_act` on them gives the bits `gemm_lowp` with `quantize_x` gives on the same GPU (the
+/// wgmma kernels from 33 rows read the codes directly; smaller batches dequantise and requantise
+/// to the same values), within the GEMM tolerance of the CPU reference.
+#[test]
+fn gpu_gemm_fp8_act_matches_gemm_lowp() {
+    let Some(dev) = cuda_device_or_skip("gpu_gemm_fp8_act_matches_gemm_lowp") else { return };
+    let gpu = dev.default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let cpu = Device::cpu().default_stream();
+    let f = ops::WeightFormat::Fp8Block128;
+    for (m, n, k) in
+        [(1u32, 4096usize, 1024usize), (16, 2064, 2048), (40, 512, 640), (300, 2064, 4096), (1000, 1040, 2176)]
+    {
+        let x: Vec<bf16> = to(&rng.vec(m as usize * k));
+        let (w, sc) = lowp_weights(&mut rng, f, n, k);
+        let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
+        let quantised = |s: &Stream| {
+            let xb = s.upload(&x).unwrap();
+            let mut xq = s.zeros::<u8>(m as usize * k).unwrap();
+            let mut sx = s.zeros::<f32>(m as usize * k / 128).unwrap();
+            ops::quantize_act_fp8(s, &xb, &mut xq, &mut sx, m, k as u32).unwrap();
+            (xq, sx)
+        };
+        let (cq, cs) = quantised(&cpu);
+        let (gq, gs) = quantised(&gpu);
+        assert_eq!(gpu.download(&gq).unwrap(), cpu.download(&cq).unwrap(), "codes m={m} k={k}");
+        assert_eq!(gpu.download(&gs).unwrap(), cpu.download(&cs).unwrap(), "scales m={m} k={k}");
+        let act = |s: &Stream, xq: &DeviceBuffer<u8>, sx: &DeviceBuffer<f32>| {
+            let (wb, sb) = (s.upload(&w).unwrap(), s.upload(&sc).unwrap());
+            let mut y = s.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap();
+            ops::gemm_fp8_act(s, xq, sx, &wb, &sb, &mut y, &p).unwrap();
+            from(&s.download(&y).unwrap())
+        };
+        let got = act(&gpu, &gq, &gs);
+        let want = act(&cpu, &cq, &cs);
+        let same_gpu = gemm_on(&gpu, f, &x, &w, &sc, &p);
+        let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
+        let (rel, max) = rel_err(&got, &want);
+        println!("parity gemm_fp8_act ({kernel}) m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+        assert!(rel < BF16_TOL, "gemm_fp8_act m={m} n={n} k={k}: rel_err {rel:e}");
+        assert_eq!(got, same_gpu, "gemm_fp8_act against gemm_lowp on the GPU, m={m} n={n} k={k}");
+    }
+}
+
 /// Decode GEMMs with FP8 (with and without activation quantisation) and FP4 weights, every batch
 /// tile (m = 1..16), odd n and k that are not multiples of the k tile, CUDA-core and tensor-core
 /// kernels (split over k and not). Tolerance: both sides sum
@@ -269,6 +316,10 @@ fn gpu_gemm_lowp_matches_cpu() {
     // than SMs split k (fp32 partials, then the reduce): (100, 400, 1024) 4 splits, (128, 128, 896)
     // 3 of 3, 3 and 1 k blocks, (64, 256, 1152) 4 with the last one empty, (64, 2048, 4096) the
     // shared expert at 64 tokens; each also runs unsplit (the switch off) within the tolerance.
+    // From 256 rows and k >= 2048 the pipelined kernel (di_gemm_fp8_wgmma_p, 128 x 128 tiles, four
+    // k blocks an iteration and the rest one at a time): 19 k blocks over 144 tiles (the
+    // persistent loop, a remainder of 3), splits of 2 blocks (remainder only) and of 16; each also
+    // runs on the 256 x 128 kernel (its switch off) within the tolerance, which shorter k takes.
     for (m, n, k) in [
         (33u32, 16usize, 128usize),
         (100, 400, 1024),
@@ -277,6 +328,11 @@ fn gpu_gemm_lowp_matches_cpu() {
         (64, 2048, 4096),
         (300, 2064, 4096),
         (1000, 4096, 2048),
+        (256, 128, 640),
+        (384, 256, 1408),
+        (2000, 1040, 2432),
+        (256, 512, 4096),
+        (512, 1024, 8192),
     ] {
         let f = ops::WeightFormat::Fp8Block128;
         let x: Vec<bf16> = to(&rng.vec(m as usize * k));
@@ -291,14 +347,28 @@ fn gpu_gemm_lowp_matches_cpu() {
         ops::set_wgmma_split_k(false);
         let unsplit = gemm_on(&gpu, f, &x, &w, &sc, &p);
         ops::set_wgmma_split_k(true);
+        ops::set_fp8_wgmma_pipelined(false);
+        let kernel_plain = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
+        let plain = gemm_on(&gpu, f, &x, &w, &sc, &p);
+        ops::set_fp8_wgmma_pipelined(true);
         let (rel, max) = rel_err(&got, &want);
         let (rel_tiled, _) = rel_err(&tiled, &want);
         let (rel_unsplit, _) = rel_err(&unsplit, &want);
+        let (rel_plain, _) = rel_err(&plain, &want);
         println!(
-            "parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (k unsplit {rel_unsplit:.3e}, tiled kernel {rel_tiled:.3e}; tol {BF16_TOL:.0e})"
+            "parity gemm {kernel} quantize_x=true m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (k unsplit {rel_unsplit:.3e}, {kernel_plain} {rel_plain:.3e}, tiled kernel {rel_tiled:.3e}; tol {BF16_TOL:.0e})"
         );
+        if kernel.starts_with("di_gemm_fp8_wgmma") {
+            let want_kernel = match (m, k) {
+                (..256, _) => "di_gemm_fp8_wgmma_rows",
+                (_, ..2048) => "di_gemm_fp8_wgmma",
+                _ => "di_gemm_fp8_wgmma_p",
+            };
+            assert_eq!(kernel, want_kernel, "m={m} n={n} k={k}");
+        }
         assert!(rel < BF16_TOL, "fp8 prefill m={m} n={n} k={k}: rel_err {rel:e}");
         assert!(rel_unsplit < BF16_TOL, "fp8 prefill unsplit m={m} n={n} k={k}: rel_err {rel_unsplit:e}");
+        assert!(rel_plain < BF16_TOL, "fp8 prefill {kernel_plain} m={m} n={n} k={k}: rel_err {rel_plain:e}");
         assert!(rel_tiled < BF16_TOL, "fp8 tiled m={m} n={n} k={k}: rel_err {rel_tiled:e}");
     }
     // One row, FP8, k = 512 or 1024: the flat kernel (all loads issued up front, several rows a warp).

@@ -18,8 +18,8 @@ const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 
 /// Dynamic shared memory of di_attn_decode_wg (its static_assert in attention_sm90.cu): 1024 bytes
 /// of alignment slack, Q and two key tiles (64 KB each), two P tiles (8 KB each), the max, sum and
 /// rescale factor per row of two tiles, the cluster merge's max and sum per row, the key rows of two
-/// tiles, seven mbarriers.
-const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4 + 7 * 8;
+/// tiles, eight mbarriers.
+const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4 + 8 * 8;
 
 /// The kernel `attention_decode` launches on this GPU for `splits` key splits: the Hopper
 /// warpgroup-MMA kernel on sm_90 (unless switched off by [`crate::attention::set_wgmma`]), as
@@ -65,7 +65,11 @@ pub(crate) fn attention_decode(
     } else {
         None
     };
-    let cfg = LaunchConfig { grid_dim: (shape.batch, splits, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    // The one-split wgmma kernel is persistent: a block per SM at most, each looping over sequences
+    // (prefill: 32k one-query sequences), its next sequence's loads under the current one's math.
+    let blocks =
+        if kernel == "di_attn_decode_wg" && splits == 1 { shape.batch.min(be.sm_count()) } else { shape.batch };
+    let cfg = LaunchConfig { grid_dim: (blocks.max(1), splits, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     let mut l = s.launch_builder(&f);
     l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
     match parts.as_mut() {
@@ -73,9 +77,13 @@ pub(crate) fn attention_decode(
         None => l.arg(&none).arg(&none),
     };
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
+    if module == "attention_sm90" {
+        l.arg(&shape.batch);
+    }
     // SAFETY: matches di_attn_decode, di_attn_decode_wg and di_attn_decode_wg_c2 (q, kv, key_rows,
     // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
-    // scale; the partials are null where no combine follows and then never written); the op checked
+    // scale, and for the two wgmma kernels seqs = batch, which the grid's x covers once (c2, splits)
+    // or in a grid-stride loop; the partials are null where no combine follows and then never written); the op checked
     // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
     // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
     unsafe { l.launch(cfg) }?;

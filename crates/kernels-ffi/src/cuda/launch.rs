@@ -263,6 +263,24 @@ fn quantize_x<T: cudarc::driver::DeviceRepr>(
     // of rows * k / 128 before the GEMM (same stream) reads them.
     let mut out = unsafe { s.alloc::<T>(rows as usize * k as usize) }?;
     let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
+    quantize_x_into(stream, x, &mut out, &mut sx, rows, k, kernel, grid)?;
+    Ok((out, sx))
+}
+
+/// The quantisation kernel of [`quantize_x`] into buffers that hold at least rows * k values and
+/// rows * k / 128 scales.
+#[allow(clippy::too_many_arguments)]
+fn quantize_x_into<T: cudarc::driver::DeviceRepr>(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    out: &mut cudarc::driver::CudaSlice<T>,
+    sx: &mut cudarc::driver::CudaSlice<f32>,
+    rows: u32,
+    k: u32,
+    kernel: &str,
+    grid: impl Fn(u64) -> u64,
+) -> Result<()> {
+    let s = stream.cuda_stream("gemm_lowp", "x")?;
     let blocks = u32::try_from(grid(rows as u64 * (k / 128) as u64))
         .map_err(|_| crate::FfiError::shape("gemm", "x", format!("{rows} rows exceed one launch")))?;
     let q = backend(stream).function("gemm", kernel)?;
@@ -270,8 +288,60 @@ fn quantize_x<T: cudarc::driver::DeviceRepr>(
     // SAFETY: di_quantize_x_e4m3 / di_quantize_x_f16p take (x, out, sx, rows, k); x holds at least
     // rows * k bf16, out rows * k values of the kernel's type (u8 / f16), sx rows * k / 128 floats;
     // k % 128 == 0; the e4m3 kernel's grid-stride loop and the f16p kernel's warps stop at rows * k / 128.
-    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(&mut out).arg(&mut sx).arg(&rows).arg(&k).launch(qc) }?;
-    Ok((out, sx))
+    unsafe { s.launch_builder(&q).arg(x.cuda()).arg(out).arg(sx).arg(&rows).arg(&k).launch(qc) }?;
+    Ok(())
+}
+
+/// [`crate::ops::quantize_act_fp8`] on CUDA: `di_quantize_x_e4m3` into the caller's buffers (the
+/// op checked their lengths and k % 128 == 0).
+pub(crate) fn quantize_act_fp8(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    xq: &mut DeviceBuffer<u8>,
+    sx: &mut DeviceBuffer<f32>,
+    rows: u32,
+    k: u32,
+) -> Result<()> {
+    let sms = backend(stream).sm_count() as u64;
+    quantize_x_into(stream, x, xq.cuda_mut(), sx.cuda_mut(), rows, k, "di_quantize_x_e4m3", |blocks128| {
+        blocks128.div_ceil(16 * 4).clamp(1, 8 * sms)
+    })
+}
+
+/// [`crate::ops::gemm_fp8_act`] on CUDA (p.quantize_x set, every length checked): the wgmma
+/// prefill kernels straight from xq and sx where they apply; otherwise x dequantised into bf16
+/// (`di_dequantize_x_e4m3`) and [`gemm_lowp`].
+pub(crate) fn gemm_fp8_act(
+    stream: &Stream,
+    xq: &DeviceBuffer<u8>,
+    sx: &DeviceBuffer<f32>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+) -> Result<()> {
+    let be = backend(stream);
+    let hopper = be.is_sm90().then(|| be.sm_count());
+    if let Some(HopperFp8::Prefill { .. }) =
+        hopper_fp8(hopper, crate::ops::WeightFormat::Fp8Block128, p.m, p.n, p.k, true)
+    {
+        return super::wgmma::gemm_fp8_wgmma_run(stream, xq.cuda(), sx.cuda(), w, scale, y, p);
+    }
+    let s = stream.cuda_stream("gemm_fp8_act", "xq")?;
+    let (m, k) = (p.m as usize, p.k as usize);
+    // SAFETY: uninitialised; di_dequantize_x_e4m3 writes all m * k values before gemm_lowp (same
+    // stream) reads them.
+    let x = DeviceBuffer { storage: crate::device::Storage::Cuda(unsafe { s.alloc::<half::bf16>(m * k) }?) };
+    let mut x = x;
+    let units = (m * k / 8) as u64;
+    let blocks = units.div_ceil(256).clamp(1, 16 * be.sm_count() as u64) as u32;
+    let f = be.function("gemm", "di_dequantize_x_e4m3")?;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: (xq, sx, out, rows, k): xq holds m * k codes and sx m * k / 128 scales (checked by the
+    // op), out m * k bf16; k % 128 == 0 so every 8-value unit lies in one scale block; the
+    // grid-stride loop stops at m * k / 8 units.
+    unsafe { s.launch_builder(&f).arg(xq.cuda()).arg(sx.cuda()).arg(x.cuda_mut()).arg(&p.m).arg(&p.k).launch(cfg) }?;
+    gemm_lowp(stream, crate::ops::WeightFormat::Fp8Block128, &x, w, scale, y, p)
 }
 
 /// The FP4 x FP8 decode GEMM, dense (rows 0..m, m <= 16) or over MoE chunks (up to 16 rows each,
@@ -362,9 +432,9 @@ fn gemm_fp4q_launch(
 /// The Hopper wgmma FP8 x FP8 GEMM a dense GEMM runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HopperFp8 {
-    /// `di_gemm_fp8_wgmma` (or its `_rows` form under 256 rows): more rows than the decode
-    /// kernels take (m > 32).
-    Prefill { m: u32 },
+    /// `di_gemm_fp8_wgmma` (or its `_rows` and `_p` forms, by rows and k): more rows than the
+    /// decode kernels take (m > 32).
+    Prefill { m: u32, k: u32 },
     /// `di_gemm_fp8_dec_n*`: up to 16 rows, W wide enough for its plan.
     Decode(super::wgmma::DecPlan),
 }
@@ -372,7 +442,7 @@ pub(crate) enum HopperFp8 {
 impl HopperFp8 {
     fn kernel(&self) -> String {
         match self {
-            HopperFp8::Prefill { m } => super::wgmma::gemm_wgmma_kernel(*m).into(),
+            HopperFp8::Prefill { m, k } => super::wgmma::gemm_wgmma_form(*m, *k).kernel.into(),
             HopperFp8::Decode(plan) => plan.kernel(),
         }
     }
@@ -395,7 +465,7 @@ pub(crate) fn hopper_fp8(
         return None;
     }
     if m > 32 {
-        return Some(HopperFp8::Prefill { m });
+        return Some(HopperFp8::Prefill { m, k });
     }
     super::wgmma::dec_plan(m, n, k, sms).map(HopperFp8::Decode)
 }

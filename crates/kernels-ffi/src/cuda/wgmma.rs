@@ -8,14 +8,46 @@ use super::launch::{backend, quantize_x_e4m3};
 use crate::device::{DeviceBuffer, Stream};
 use crate::Result;
 
-/// Dynamic shared memory of `di_gemm_fp8_wgmma` (its static_assert in gemm_sm90.cu): alignment
+/// Threads of the FP8 wgmma GEMMs: a producer and two consumer warpgroups.
+const GEMM_WGMMA_THREADS: u32 = 384;
+
+/// One form of the persistent FP8 wgmma GEMM (kernels/cuda/gemm_sm90.cu): its kernel, dynamic
+/// shared memory (the kernel's static_assert) and output tile (rows of x, rows of W).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WgmmaForm {
+    pub kernel: &'static str,
+    smem: u32,
+    tile: (u32, u32),
+}
+
+/// `di_gemm_fp8_wgmma`: 256 x 128 tiles, each consumer warpgroup two 64-row halves; alignment
 /// slack, four stages of a 256 x 128-byte x tile and a 128 x 128-byte W tile, two 16 KiB output
 /// staging halves, eight barriers.
-const GEMM_WGMMA_SMEM: u32 = 230_464;
-/// Threads of `di_gemm_fp8_wgmma`: a producer and two consumer warpgroups.
-const GEMM_WGMMA_THREADS: u32 = 384;
-/// Output tile of `di_gemm_fp8_wgmma`: rows of x, rows of W.
-const GEMM_WGMMA_TILE: (u32, u32) = (256, 128);
+const WGMMA_PLAIN: WgmmaForm = WgmmaForm { kernel: "di_gemm_fp8_wgmma", smem: 230_464, tile: (256, 128) };
+/// `di_gemm_fp8_wgmma_rows`: the same for batches under 256 rows, skipping the MMAs of halves
+/// wholly past m (a per-warpgroup test in the plain kernel's k loop cost ~10% on 4096 rows).
+const WGMMA_ROWS: WgmmaForm = WgmmaForm { kernel: "di_gemm_fp8_wgmma_rows", ..WGMMA_PLAIN };
+/// `di_gemm_fp8_wgmma_p`: 128 x 128 tiles, one 64-row half a consumer warpgroup with the next k
+/// block's MMAs queued while a block is scaled; six stages of 16 + 16 KiB, the same staging.
+const WGMMA_PIPELINED: WgmmaForm = WgmmaForm { kernel: "di_gemm_fp8_wgmma_p", smem: 230_496, tile: (128, 128) };
+
+/// k from which the pipelined form runs: on the H200 it was 4-12% faster than the plain one for
+/// k = 4096 and 8192 (shared_experts.w1, attn.wo_b) and no faster for k = 1024 (attn.wq_b: eight
+/// k blocks a tile, a third more L2 traffic), benches/results/2026-11-30-fp8-prefill-pipelined.
+const WGMMA_PIPELINED_MIN_K: u32 = 2048;
+
+/// The wgmma GEMM form for an [m, k] x: under 256 rows the rows form; otherwise, for k of at least
+/// [`WGMMA_PIPELINED_MIN_K`], the pipelined one (unless [`crate::ops::set_fp8_wgmma_pipelined`]
+/// switched it off), else the plain one.
+pub(crate) fn gemm_wgmma_form(m: u32, k: u32) -> WgmmaForm {
+    if m < WGMMA_PLAIN.tile.0 {
+        WGMMA_ROWS
+    } else if k >= WGMMA_PIPELINED_MIN_K && crate::ops::fp8_wgmma_pipelined() {
+        WGMMA_PIPELINED
+    } else {
+        WGMMA_PLAIN
+    }
+}
 
 /// A CUtensorMap as a by-value kernel argument (`const __grid_constant__ DiTmaMap` in sm90.cuh).
 #[repr(transparent)]
@@ -66,43 +98,32 @@ fn tma_map_bytes(
     }
 }
 
-/// The wgmma GEMM kernel for m rows: under 256 (one tile row, partly past m) the form that skips
-/// the MMAs of 64-row halves wholly past m; otherwise the plain one (a per-warpgroup test in its
-/// k loop cost ~10% on 4096 rows).
-pub(crate) fn gemm_wgmma_kernel(m: u32) -> &'static str {
-    if m < GEMM_WGMMA_TILE.0 {
-        "di_gemm_fp8_wgmma_rows"
-    } else {
-        "di_gemm_fp8_wgmma"
-    }
+/// Tiles of a wgmma GEMM form for an [m, n] output.
+fn gemm_wgmma_tiles(form: WgmmaForm, m: u32, n: u32) -> u64 {
+    m.div_ceil(form.tile.0) as u64 * n.div_ceil(form.tile.1) as u64
 }
 
-/// Tiles of the wgmma GEMM for an [m, n] output.
-fn gemm_wgmma_tiles(m: u32, n: u32) -> u64 {
-    m.div_ceil(GEMM_WGMMA_TILE.0) as u64 * n.div_ceil(GEMM_WGMMA_TILE.1) as u64
-}
-
-/// Splits of k for the wgmma GEMM: 1 when the tiles fill the GPU; with fewer tiles than SMs
+/// Splits of k for a wgmma GEMM form: 1 when the tiles fill the GPU; with fewer tiles than SMs
 /// (batches of tens to hundreds of rows), enough splits that tiles x splits about fill it, each
 /// split at least two 128-wide k blocks. On the H200 the 64-row shared-expert GEMM ran as 16
 /// blocks on 132 SMs without them.
-pub(crate) fn gemm_wgmma_splits(m: u32, n: u32, k: u32, sm_count: u32) -> u32 {
+pub(crate) fn gemm_wgmma_splits(form: WgmmaForm, m: u32, n: u32, k: u32, sm_count: u32) -> u32 {
     if !crate::ops::wgmma_split_k() {
         return 1;
     }
-    let tiles = gemm_wgmma_tiles(m, n);
+    let tiles = gemm_wgmma_tiles(form, m, n);
     let by_sms = (sm_count as u64 / tiles).max(1);
     by_sms.min((k / 128 / 2).max(1) as u64) as u32
 }
 
-/// Blocks of the persistent wgmma GEMM: one per SM, no more than there are (tile, split) items.
-pub(crate) fn gemm_wgmma_grid(m: u32, n: u32, splits: u32, sm_count: u32) -> u32 {
-    (gemm_wgmma_tiles(m, n) * splits as u64).min(sm_count as u64).max(1) as u32
+/// Blocks of a persistent wgmma GEMM: one per SM, no more than there are (tile, split) items.
+pub(crate) fn gemm_wgmma_grid(form: WgmmaForm, m: u32, n: u32, splits: u32, sm_count: u32) -> u32 {
+    (gemm_wgmma_tiles(form, m, n) * splits as u64).min(sm_count as u64).max(1) as u32
 }
 
 /// y = x · Wᵀ with FP8 weights on the wgmma kernel: x quantised to e4m3 bytes and 1x128 scales,
-/// then one persistent block per SM over 256 x 128 tiles. The caller checked x [m, k], w [n, k],
-/// scale [n / 128, k / 128], y [m, n], k % 128 == 0, n % 16 == 0, and that the GPU is sm_90.
+/// then [`gemm_fp8_wgmma_run`]. The caller checked x [m, k], w [n, k], scale [n / 128, k / 128],
+/// y [m, n], k % 128 == 0, n % 16 == 0, and that the GPU is sm_90.
 pub(crate) fn gemm_fp8_wgmma_launch(
     stream: &Stream,
     x: &DeviceBuffer<half::bf16>,
@@ -111,33 +132,49 @@ pub(crate) fn gemm_fp8_wgmma_launch(
     y: &mut DeviceBuffer<half::bf16>,
     p: &crate::params::GemmParams,
 ) -> Result<()> {
-    let be = backend(stream);
     let (xq, sx) = quantize_x_e4m3(stream, x, p.m, p.k)?;
+    gemm_fp8_wgmma_run(stream, &xq, &sx, w, scale, y, p)
+}
+
+/// The wgmma GEMM on x already quantised (xq e4m3 [m, k], sx [m, k / 128]): one persistent block
+/// per SM over the form's tiles, k split over blocks (then the reduce) when the tiles are few.
+/// The caller checked every length, k % 128 == 0, n % 16 == 0, and that the GPU is sm_90.
+pub(crate) fn gemm_fp8_wgmma_run(
+    stream: &Stream,
+    xq: &cudarc::driver::CudaSlice<u8>,
+    sx: &cudarc::driver::CudaSlice<f32>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+) -> Result<()> {
+    let be = backend(stream);
     let s = stream.cuda_stream("gemm_lowp", "x")?;
-    let f = be.function_with_smem("gemm_sm90", gemm_wgmma_kernel(p.m), GEMM_WGMMA_SMEM)?;
+    let form = gemm_wgmma_form(p.m, p.k);
+    let f = be.function_with_smem("gemm_sm90", form.kernel, form.smem)?;
     let (xq_ptr, _xq_sync) = xq.device_ptr(s);
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
-    let map_x = tma_map_bytes_128(xq_ptr, p.m as u64, p.k as u64, GEMM_WGMMA_TILE.0)?;
-    let map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, GEMM_WGMMA_TILE.1)?;
-    let splits = gemm_wgmma_splits(p.m, p.n, p.k, be.sm_count());
+    let map_x = tma_map_bytes_128(xq_ptr, p.m as u64, p.k as u64, form.tile.0)?;
+    let map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, form.tile.1)?;
+    let splits = gemm_wgmma_splits(form, p.m, p.n, p.k, be.sm_count());
     let cfg = LaunchConfig {
-        grid_dim: (gemm_wgmma_grid(p.m, p.n, splits, be.sm_count()), 1, 1),
+        grid_dim: (gemm_wgmma_grid(form, p.m, p.n, splits, be.sm_count()), 1, 1),
         block_dim: (GEMM_WGMMA_THREADS, 1, 1),
-        shared_mem_bytes: GEMM_WGMMA_SMEM,
+        shared_mem_bytes: form.smem,
     };
     let mn = p.m as u64 * p.n as u64;
     // SAFETY: uninitialised; with several splits the kernel writes every element of each split's
     // [m, n] partial (zeros for a split with no k blocks) before the reduce, later on the stream.
     let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * mn) as usize) }?) } else { None };
     let none: u64 = 0;
-    // SAFETY: di_gemm_fp8_wgmma{,_rows} take (map_x, map_w, sx, sw, y, partial, m, n, k, splits); the maps
+    // SAFETY: di_gemm_fp8_wgmma{,_rows,_p} take (map_x, map_w, sx, sw, y, partial, m, n, k, splits); the maps
     // describe xq [m, k] and w [n, k] bytes, alive until the launch is queued (their sync guards)
     // and freed in stream order after it; sx holds m * k / 128 scales, scale and y were checked by
     // the op; partial holds splits * m * n floats when splits > 1 (unused otherwise); k % 128 == 0
     // and n % 16 == 0 as the kernel requires; tiles past m and n are not written.
     unsafe {
         let mut b = s.launch_builder(&f);
-        b.arg(&map_x).arg(&map_w).arg(&sx).arg(scale.cuda()).arg(y.cuda_mut());
+        b.arg(&map_x).arg(&map_w).arg(sx).arg(scale.cuda()).arg(y.cuda_mut());
         match partial.as_mut() {
             Some(pt) => b.arg(pt),
             None => b.arg(&none),
@@ -240,20 +277,23 @@ pub(crate) fn gemm_fp4_grouped_launch(
 mod tests {
     use super::*;
 
-    /// One block per SM at most, never more blocks than 256 x 128 tiles times splits, at least one.
+    /// One block per SM at most, never more blocks than tiles times splits, at least one.
     #[test]
     fn wgmma_grid_covers_the_tiles_with_at_most_one_block_per_sm() {
-        assert_eq!(gemm_wgmma_grid(4096, 4096, 1, 132), 132);
-        assert_eq!(gemm_wgmma_grid(33, 16, 1, 132), 1);
-        assert_eq!(gemm_wgmma_grid(300, 2064, 1, 132), 2 * 17);
-        assert_eq!(gemm_wgmma_grid(4096, 2048, 1, 132), 132);
-        assert_eq!(gemm_wgmma_grid(64, 2048, 8, 132), 128);
-        for m in [1u32, 255, 256, 257, 5000] {
-            for n in [16u32, 128, 144, 4096] {
-                for splits in [1u32, 3, 16] {
-                    let g = gemm_wgmma_grid(m, n, splits, 132);
-                    let items = m.div_ceil(256) * n.div_ceil(128) * splits;
-                    assert!((1..=132).contains(&g) && g <= items, "m {m} n {n} splits {splits}: {g}");
+        assert_eq!(gemm_wgmma_grid(WGMMA_PLAIN, 4096, 4096, 1, 132), 132);
+        assert_eq!(gemm_wgmma_grid(WGMMA_ROWS, 33, 16, 1, 132), 1);
+        assert_eq!(gemm_wgmma_grid(WGMMA_PLAIN, 300, 2064, 1, 132), 2 * 17);
+        assert_eq!(gemm_wgmma_grid(WGMMA_PIPELINED, 300, 2064, 1, 132), 3 * 17);
+        assert_eq!(gemm_wgmma_grid(WGMMA_PLAIN, 4096, 2048, 1, 132), 132);
+        assert_eq!(gemm_wgmma_grid(WGMMA_ROWS, 64, 2048, 8, 132), 128);
+        for form in [WGMMA_PLAIN, WGMMA_ROWS, WGMMA_PIPELINED] {
+            for m in [1u32, 127, 128, 255, 256, 257, 5000] {
+                for n in [16u32, 128, 144, 4096] {
+                    for splits in [1u32, 3, 16] {
+                        let g = gemm_wgmma_grid(form, m, n, splits, 132);
+                        let items = m.div_ceil(form.tile.0) * n.div_ceil(form.tile.1) * splits;
+                        assert!((1..=132).contains(&g) && g <= items, "{form:?} m {m} n {n} splits {splits}: {g}");
+                    }
                 }
             }
         }
@@ -263,23 +303,40 @@ mod tests {
     /// items than about one wave.
     #[test]
     fn wgmma_splits_fill_the_gpu_when_tiles_are_few() {
-        assert_eq!(gemm_wgmma_splits(4096, 4096, 8192, 132), 1);
-        assert_eq!(gemm_wgmma_splits(64, 32768, 1024, 132), 1, "wq_b: 256 tiles");
-        assert_eq!(gemm_wgmma_splits(64, 2048, 4096, 132), 8, "shared expert w1: 16 tiles");
-        assert_eq!(gemm_wgmma_splits(64, 4096, 8192, 132), 4, "wo_b: 32 tiles");
-        assert_eq!(gemm_wgmma_splits(64, 1024, 4096, 132), 16, "wq_a: 8 tiles, 32 k blocks");
-        assert_eq!(gemm_wgmma_splits(64, 128, 512, 132), 2, "two k blocks a split at least");
-        assert_eq!(gemm_wgmma_splits(64, 128, 128, 132), 1);
-        for m in [33u32, 64, 200, 1000, 4096] {
-            for n in [16u32, 1024, 2048, 4096, 7168] {
-                for k in [128u32, 1024, 4096, 8192] {
-                    let s = gemm_wgmma_splits(m, n, k, 132);
-                    let tiles = gemm_wgmma_tiles(m, n);
-                    assert!(s >= 1 && s <= (k / 128).max(1), "m {m} n {n} k {k}: {s}");
-                    assert!(s == 1 || tiles * s as u64 <= 132, "m {m} n {n} k {k}: {s} splits of {tiles} tiles");
+        let r = WGMMA_ROWS;
+        assert_eq!(gemm_wgmma_splits(WGMMA_PLAIN, 4096, 4096, 8192, 132), 1);
+        assert_eq!(gemm_wgmma_splits(WGMMA_PIPELINED, 4096, 4096, 8192, 132), 1);
+        assert_eq!(gemm_wgmma_splits(WGMMA_PIPELINED, 256, 2048, 4096, 132), 4, "32 tiles of 128 x 128");
+        assert_eq!(gemm_wgmma_splits(r, 64, 32768, 1024, 132), 1, "wq_b: 256 tiles");
+        assert_eq!(gemm_wgmma_splits(r, 64, 2048, 4096, 132), 8, "shared expert w1: 16 tiles");
+        assert_eq!(gemm_wgmma_splits(r, 64, 4096, 8192, 132), 4, "wo_b: 32 tiles");
+        assert_eq!(gemm_wgmma_splits(r, 64, 1024, 4096, 132), 16, "wq_a: 8 tiles, 32 k blocks");
+        assert_eq!(gemm_wgmma_splits(r, 64, 128, 512, 132), 2, "two k blocks a split at least");
+        assert_eq!(gemm_wgmma_splits(r, 64, 128, 128, 132), 1);
+        for form in [WGMMA_PLAIN, WGMMA_ROWS, WGMMA_PIPELINED] {
+            for m in [33u32, 64, 200, 1000, 4096] {
+                for n in [16u32, 1024, 2048, 4096, 7168] {
+                    for k in [128u32, 1024, 4096, 8192] {
+                        let s = gemm_wgmma_splits(form, m, n, k, 132);
+                        let tiles = gemm_wgmma_tiles(form, m, n);
+                        assert!(s >= 1 && s <= (k / 128).max(1), "m {m} n {n} k {k}: {s}");
+                        assert!(s == 1 || tiles * s as u64 <= 132, "m {m} n {n} k {k}: {s} splits of {tiles} tiles");
+                    }
                 }
             }
         }
+    }
+
+    /// Batches under 256 rows take the rows form; from 256 rows long k takes the pipelined form
+    /// (unless switched off) and short k the plain one.
+    #[test]
+    fn wgmma_form_follows_rows_k_and_the_switch() {
+        assert_eq!(gemm_wgmma_form(255, 8192), WGMMA_ROWS);
+        assert_eq!(gemm_wgmma_form(4096, 1024), WGMMA_PLAIN);
+        assert_eq!(gemm_wgmma_form(4096, 2047), WGMMA_PLAIN);
+        let on = crate::ops::fp8_wgmma_pipelined();
+        assert_eq!(gemm_wgmma_form(256, 2048), if on { WGMMA_PIPELINED } else { WGMMA_PLAIN });
+        assert_eq!(gemm_wgmma_form(16384, 8192), if on { WGMMA_PIPELINED } else { WGMMA_PLAIN });
     }
 }
 
