@@ -72,7 +72,8 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                                                __nv_bfloat16* __restrict__ out, float* __restrict__ o_part,
                                                float* __restrict__ ml_part, int32_t* __restrict__ status,
                                                uint32_t heads, uint32_t max_keys, uint32_t pool_rows,
-                                               uint32_t tiles_per_split, float scale, uint32_t seqs) {
+                                               uint32_t tiles_per_split, float scale, uint32_t seqs,
+                                               const DiTmaMap& map_out) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* q_s = base;
@@ -303,19 +304,28 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         const uint32_t wt = threadIdx.x % 128;  // this thread in its warpgroup
 
         // This warpgroup's 64 rows x 256 columns, scaled per row, to out[b, :, col0..col0 + 256) as
-        // bf16: staged through shared memory (16-byte chunks XOR-swizzled by row: conflict-free both
-        // ways), then whole 512-byte row pieces with 16-byte stores.
+        // bf16: staged in shared memory as four 64-row x 64-column boxes in the 128-byte swizzle
+        // (conflict-free), then four TMA stores by the warpgroup's first thread (rows past `heads`
+        // are not written), which waits only until they have read the staging.
         auto store_out = [&](uint8_t* stage, const float(&f)[2], uint32_t col0) {
 #pragma unroll
             for (int j = 0; j < 32; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    *reinterpret_cast<__nv_bfloat162*>(stage + rr[e] * 512 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) =
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t at = (j / 8) * 8192 + rr[e] * 128 + (((j % 8) ^ (rr[e] % 8)) * 16) + (lane % 4) * 4;
+                    *reinterpret_cast<__nv_bfloat162*>(stage + at) =
                         __floats2bfloat162_rn(o[4 * j + 2 * e] * f[e], o[4 * j + 2 * e + 1] * f[e]);
+                }
+            fence_proxy_async_smem();  // the staging writes before the TMA engine reads them
             named_barrier(3 + cw, 128);
-            for (int r = warp; r < HM && r < static_cast<int>(heads); r += 4)
-                *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * heads + r) * D + col0 + lane * 8) =
-                    *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r % 8)) * 16));
+            if (wt == 0) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    tma_store_3d(&map_out, stage + c * 8192, static_cast<int32_t>(2 * col0 + 128 * c), 0,
+                                 static_cast<int32_t>(b));
+                bulk_commit();
+                bulk_wait_read();  // the staging (a key stage) is released after this
+            }
         };
 
         if constexpr (C2) {
@@ -394,6 +404,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         }
         if (lane == 0 && tiles > 0) mbar_arrive(&empty[(g - 1) % STAGES]);
     }  // sequences
+    if (threadIdx.x % 128 == 0) bulk_wait();  // the output stores are done before the block's memory goes
 }
 
 }  // namespace
@@ -403,9 +414,11 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ kv, const int32_t *__restrict__ key_rows,  \
         const int32_t *__restrict__ key_counts, const float *__restrict__ sink, __nv_bfloat16 *__restrict__ out,       \
         float *__restrict__ o_part, float *__restrict__ ml_part, int32_t *__restrict__ status, uint32_t heads,         \
-        uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs
-#define DI_ATTN_WG_ARGS \
-    q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, scale, seqs
+        uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs,                 \
+        const __grid_constant__ DiTmaMap map_out
+#define DI_ATTN_WG_ARGS                                                                                          \
+    q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, \
+        scale, seqs, map_out
 
 // Any number of splits (several: fp32 partials merged by di_attn_decode_combine).
 extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1) di_attn_decode_wg(DI_ATTN_WG_PARAMS) {

@@ -11,7 +11,7 @@
 // accumulate) from the swizzled slots and add the sums times the x row scale and the W block scale
 // into that half's running fp32 accumulator; then they release the slot. While one warpgroup
 // scales, the other's MMAs run. Tiles go in groups of GROUP_M row tiles (W read about once from
-// HBM), and outputs leave through shared memory as whole rows. On the H200, 256 x 128 tiles ran
+// HBM), and outputs leave through shared memory by TMA stores. On the H200, 256 x 128 tiles ran
 // 1.15x faster than 128 x 128 on long k (benches/results/2026-11-30-prefill-wgmma). Scaling per k
 // block on the CUDA cores keeps the tensor cores' limited-precision accumulation to 128 products
 // (DeepSeek-V3 §3.3.2).
@@ -58,33 +58,35 @@ __device__ __forceinline__ void tile_coords(uint32_t t, uint32_t tiles_m, uint32
 namespace {
 
 // A consumer warpgroup's 64 x 128 fp32 accumulator (rows warp * 16 + lane / 4 (+ 8), columns
-// 8 j + 2 (lane % 4) (+ 1)) out as bf16 rows row0.. of y, columns n0..: through this warpgroup's
-// staging (16-byte chunks XOR-swizzled by row: conflict-free both ways), then whole 256-byte rows
-// with 16-byte stores. bar: the warpgroup's named barrier.
-__device__ __forceinline__ void store_rows_bf16(uint8_t* stage, const float (&acc)[64], uint32_t bar, uint32_t row0,
-                                                uint32_t n0, uint32_t m, uint32_t n, __nv_bfloat16* __restrict__ y) {
+// 8 j + 2 (lane % 4) (+ 1)) out as bf16 rows row0.. of y, columns n0..: written into this
+// warpgroup's 16 KB staging as two 64 x 64 boxes in the 128-byte swizzle (conflict-free), then two
+// TMA stores issued by the warpgroup's first thread (rows past m and columns past n are not
+// written), which the warpgroup does not wait for: the staging is only written again once the
+// previous stores have read it. bar: the warpgroup's named barrier.
+__device__ __forceinline__ void store_rows_tma(uint8_t* stage, const float (&acc)[64], uint32_t bar, uint32_t row0,
+                                               uint32_t n0, const DiTmaMap& map_y) {
     const uint32_t warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    named_barrier(bar, 128);  // the previous rows are out
+    const bool issuer = threadIdx.x % 128 == 0;
+    if (issuer) bulk_wait_read();
+    named_barrier(bar, 128);  // the staging is free
     const uint32_t ra = warp * 16 + lane / 4;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const uint32_t r = ra + 8 * e;
-            const uint32_t at = r * 256 + ((j ^ (r & 7)) * 16) + (lane % 4) * 4;
+            const uint32_t at = (j / 8) * 8192 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + (lane % 4) * 4;
             *reinterpret_cast<__nv_bfloat162*>(stage + at) =
                 __floats2bfloat162_rn(acc[4 * j + 2 * e], acc[4 * j + 2 * e + 1]);
         }
     }
+    fence_proxy_async_smem();  // the staging writes before the TMA engine reads them
     named_barrier(bar, 128);
-    const uint32_t tid = threadIdx.x % 128;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const uint32_t q = tid + 128 * i, r = q / 16, c = q % 16;
-        const uint32_t row = row0 + r, col = n0 + c * 8;
-        if (row < m && col < n)
-            *reinterpret_cast<uint4*>(y + static_cast<size_t>(row) * n + col) =
-                *reinterpret_cast<const uint4*>(stage + r * 256 + ((c ^ (r & 7)) * 16));
+    if (issuer) {
+        // Coordinates in bytes of a row (the map describes y as bytes: 2n columns).
+        tma_store_2d(&map_y, stage, static_cast<int32_t>(2 * n0), static_cast<int32_t>(row0));
+        tma_store_2d(&map_y, stage + 8192, static_cast<int32_t>(2 * n0 + 128), static_cast<int32_t>(row0));
+        bulk_commit();
     }
 }
 
@@ -108,8 +110,9 @@ __device__ __forceinline__ void store_rows_f32(float* __restrict__ part, const f
 #endif
 
 // map_x: x as e4m3 bytes [m, k] (box 256 rows x 128, 128-byte swizzle); map_w: W bytes [n, k] (box 128
-// x 128); sx [m, k / 128] f32; sw [ceil(n / 128), k / 128] ue8m0; y [m, n]. k % 128 == 0,
-// n % 16 == 0. Rows past m and outputs past n are read as zeros (TMA fill) and not written.
+// x 128); map_y: y [m, n] bf16 as bytes [m, 2n] (box 64 rows x 128 bytes, 128-byte swizzle); sx
+// [m, k / 128] f32; sw [ceil(n / 128), k / 128] ue8m0. k % 128 == 0, n % 16 == 0. Rows past m and
+// outputs past n are read as zeros (TMA fill) and not written (the TMA stores clip them).
 // splits > 1 (few tiles: batches of tens to hundreds of rows, where 256 x 128 tiles would leave
 // most SMs idle): item t is tile t % tiles over split t / tiles of the k blocks, and its fp32
 // sums go to partial[split][m][n] for di_gemm_splitk_reduce (split order: deterministic).
@@ -118,8 +121,8 @@ __device__ __forceinline__ void store_rows_f32(float* __restrict__ part, const f
 // loop in one kernel) took per-thread descriptors and barrier addresses and slowed the 4096-row
 // GEMMs by ~10% on the H200.
 template <bool ROWS>
-__device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap& map_w, const float* __restrict__ sx,
-                                          const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
+__device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap& map_w, const DiTmaMap& map_y,
+                                          const float* __restrict__ sx, const uint8_t* __restrict__ sw,
                                           float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k,
                                           uint32_t splits) {
 #if DI_SM90
@@ -215,18 +218,19 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
             if (!ROWS || m0 + cw * 128 + 64 < m) half(acc1, s, 1, f[2], f[3]);
             if (lane == 0) mbar_arrive(&empty[s]);
         }
-        // Outputs through this warpgroup's shared-memory staging as whole rows, or one split's sums.
+        // Outputs through this warpgroup's shared-memory staging by TMA stores, or one split's sums.
         const uint32_t row0 = m0 + cw * 128;
         if (splits == 1) {
             uint8_t* stage = out_stage + cw * OUT_STAGE;
-            store_rows_bf16(stage, acc0, 1 + cw, row0, n0, m, n, y);
-            store_rows_bf16(stage, acc1, 1 + cw, row0 + 64, n0, m, n, y);
+            store_rows_tma(stage, acc0, 1 + cw, row0, n0, map_y);
+            store_rows_tma(stage, acc1, 1 + cw, row0 + 64, n0, map_y);
         } else {
             float* part = partial + static_cast<size_t>(t / tiles) * m * n;
             store_rows_f32(part, acc0, row0, n0, m, n);
             store_rows_f32(part, acc1, row0 + 64, n0, m, n);
         }
     }
+    if (threadIdx.x % 128 == 0) bulk_wait();  // the output stores are done before the block's memory goes
 #else
     __trap();  // sm_90a only; the launcher never picks it elsewhere
 #endif
@@ -235,9 +239,10 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
 #define DI_GEMM_FP8_WGMMA(NAME, ROWS)                                                                        \
     extern "C" __global__ void __launch_bounds__(DI_WGMMA_THREADS, 1)                                        \
         NAME(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,                 \
-             const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,    \
-             float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k, uint32_t splits) {             \
-        fp8_wgmma<ROWS>(map_x, map_w, sx, sw, y, partial, m, n, k, splits);                                  \
+             const __grid_constant__ DiTmaMap map_y, const float* __restrict__ sx,                           \
+             const uint8_t* __restrict__ sw, float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k, \
+             uint32_t splits) {                                                                              \
+        fp8_wgmma<ROWS>(map_x, map_w, map_y, sx, sw, partial, m, n, k, splits);                              \
     }
 DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma, false)
 DI_GEMM_FP8_WGMMA(di_gemm_fp8_wgmma_rows, true)
@@ -267,8 +272,8 @@ static_assert(1024 + PSTAGES * (PX_TILE + W_TILE) + 2 * OUT_STAGE + 2 * PSTAGES 
 }  // namespace
 #endif
 
-__device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMap& map_w, const float* __restrict__ sx,
-                                            const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
+__device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMap& map_w, const DiTmaMap& map_y,
+                                            const float* __restrict__ sx, const uint8_t* __restrict__ sw,
                                             float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k,
                                             uint32_t splits) {
 #if DI_SM90
@@ -398,10 +403,11 @@ __device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMa
         }
         const uint32_t row0 = m0 + cw * 64;
         if (splits == 1)
-            store_rows_bf16(out_stage + cw * OUT_STAGE, acc, 1 + cw, row0, n0, m, n, y);
+            store_rows_tma(out_stage + cw * OUT_STAGE, acc, 1 + cw, row0, n0, map_y);
         else
             store_rows_f32(partial + static_cast<size_t>(t / tiles) * m * n, acc, row0, n0, m, n);
     }
+    if (threadIdx.x % 128 == 0) bulk_wait();
 #else
     __trap();  // sm_90a only; the launcher never picks it elsewhere
 #endif
@@ -409,9 +415,10 @@ __device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMa
 
 extern "C" __global__ void __launch_bounds__(DI_WGMMA_P_THREADS, 1)
     di_gemm_fp8_wgmma_p(const __grid_constant__ DiTmaMap map_x, const __grid_constant__ DiTmaMap map_w,
-                        const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
-                        float* __restrict__ partial, uint32_t m, uint32_t n, uint32_t k, uint32_t splits) {
-    fp8_wgmma_p(map_x, map_w, sx, sw, y, partial, m, n, k, splits);
+                        const __grid_constant__ DiTmaMap map_y, const float* __restrict__ sx,
+                        const uint8_t* __restrict__ sw, float* __restrict__ partial, uint32_t m, uint32_t n,
+                        uint32_t k, uint32_t splits) {
+    fp8_wgmma_p(map_x, map_w, map_y, sx, sw, partial, m, n, k, splits);
 }
 
 // ---------------------------------------------------------------------------------------------

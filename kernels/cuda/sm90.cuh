@@ -75,6 +75,28 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const DiTmaMap* map, int3
         : "memory");
 }
 
+// One 2-D box from shared memory (src, 1024-byte aligned, laid out as the map's box with its
+// swizzle) to global memory at (c0, c1); parts past the tensor are not written. Completes in this
+// thread's bulk group (bulk_commit, then bulk_wait_read / bulk_wait).
+__device__ __forceinline__ void tma_store_2d(const DiTmaMap* map, const void* src, int32_t c0, int32_t c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(smem_addr(src))
+                 : "memory");
+}
+// The same for a 3-D map (coordinates innermost first).
+__device__ __forceinline__ void tma_store_3d(const DiTmaMap* map, const void* src, int32_t c0, int32_t c1, int32_t c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(src))
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's committed bulk stores have read their shared memory (it may be written again).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... and have completed.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 __device__ __forceinline__ void tma_prefetch_map(const DiTmaMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

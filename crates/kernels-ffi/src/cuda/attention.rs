@@ -1,7 +1,7 @@
 //! Launch of the decode attention kernel (kernels/cuda/attention.cu); `crate::attention` validated
 //! every length, the head dimension (512) and the head count (<= 64).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::attention::{decode_splits, DecodeAttnShape};
@@ -70,6 +70,17 @@ pub(crate) fn attention_decode(
     let blocks =
         if kernel == "di_attn_decode_wg" && splits == 1 { shape.batch.min(be.sm_count()) } else { shape.batch };
     let cfg = LaunchConfig { grid_dim: (blocks.max(1), splits, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    // The wgmma kernels store out [batch, heads, 512] bf16 by TMA: bytes [batch, heads, 1024] in
+    // boxes of 64 heads x 128 bytes (heads past the count are dropped, not written into the next
+    // sequence).
+    // The address only: the launch below passes `out` itself too, which orders it on the stream.
+    let map_out = if module == "attention_sm90" {
+        let ptr = out.cuda_mut().device_ptr_mut(s).0;
+        let row = 2 * d as u64;
+        Some(super::wgmma::tma_map_bytes_3d_128(ptr, [row, h as u64, b as u64], [row, row * h as u64], (128, 64))?)
+    } else {
+        None
+    };
     let mut l = s.launch_builder(&f);
     l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
     match parts.as_mut() {
@@ -78,12 +89,13 @@ pub(crate) fn attention_decode(
     };
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
     if module == "attention_sm90" {
-        l.arg(&shape.batch);
+        l.arg(&shape.batch).arg(map_out.as_ref().expect("the wgmma kernels store through a map"));
     }
     // SAFETY: matches di_attn_decode, di_attn_decode_wg and di_attn_decode_wg_c2 (q, kv, key_rows,
     // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
     // scale, and for the two wgmma kernels seqs = batch, which the grid's x covers once (c2, splits)
-    // or in a grid-stride loop; the partials are null where no combine follows and then never written); the op checked
+    // or in a grid-stride loop, and map_out, out's [batch, heads, 1024] bytes; the partials are null
+    // where no combine follows and then never written); the op checked
     // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
     // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
     unsafe { l.launch(cfg) }?;

@@ -2,7 +2,7 @@
 //! persistent FP8 x FP8 wgmma GEMM for prefill-sized batches.
 
 use cudarc::driver::sys::{self, CUtensorMap};
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::launch::{backend, quantize_x_e4m3};
 use crate::device::{DeviceBuffer, Stream};
@@ -72,17 +72,43 @@ fn tma_map_bytes(
     boxes: (u32, u32),
     swizzle: sys::CUtensorMapSwizzle,
 ) -> Result<TmaMap> {
-    let dims = [cols, rows];
-    let strides = [cols];
-    let boxes = [boxes.0, boxes.1];
-    let elem = [1u32, 1];
+    tma_map_raw(ptr, &[cols, rows], &[cols], &[boxes.0, boxes.1], swizzle)
+}
+
+/// The map of a byte tensor [d2, d1, d0] (`dims` innermost first, `strides` the byte strides of
+/// dims 1 and 2) in boxes of (bytes, rows, 1) with the 128-byte swizzle: a batch of [d1, d0]
+/// matrices, each written box by box without crossing into the next. Used for the attention output
+/// [batch, heads, 1024 bytes], whose heads may be fewer than a 64-row box.
+pub(crate) fn tma_map_bytes_3d_128(
+    ptr: sys::CUdeviceptr,
+    dims: [u64; 3],
+    strides: [u64; 2],
+    boxes: (u32, u32),
+) -> Result<TmaMap> {
+    tma_map_raw(ptr, &dims, &strides, &[boxes.0, boxes.1, 1], sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)
+}
+
+/// cuTensorMapEncodeTiled over bytes: `dims` innermost first, `strides` (bytes) of every dim past
+/// the first, `boxes` per dim; no interleave, L2 promotion of 256 bytes; reads past the tensor
+/// fill zeros and writes past it are dropped.
+fn tma_map_raw(
+    ptr: sys::CUdeviceptr,
+    dims: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    swizzle: sys::CUtensorMapSwizzle,
+) -> Result<TmaMap> {
+    let rank = dims.len();
+    assert!(strides.len() + 1 == rank && boxes.len() == rank && (1..=5).contains(&rank), "tensor map rank {rank}");
+    let elem = [1u32; 5];
     let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
-    // SAFETY: the arrays hold rank (2) entries (rank - 1 strides); the driver writes the map.
+    // SAFETY: dims and boxes hold rank entries, strides rank - 1, elem at least rank; the driver
+    // writes the map.
     unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            2,
+            rank as u32,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
@@ -156,6 +182,9 @@ pub(crate) fn gemm_fp8_wgmma_run(
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
     let map_x = tma_map_bytes_128(xq_ptr, p.m as u64, p.k as u64, form.tile.0)?;
     let map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, form.tile.1)?;
+    // y [m, n] bf16 as bytes [m, 2n], stored in 64-row x 128-byte boxes from the swizzled staging.
+    let (y_ptr, y_sync) = y.cuda_mut().device_ptr_mut(s);
+    let map_y = tma_map_bytes_128(y_ptr, p.m as u64, 2 * p.n as u64, 64)?;
     let splits = gemm_wgmma_splits(form, p.m, p.n, p.k, be.sm_count());
     let cfg = LaunchConfig {
         grid_dim: (gemm_wgmma_grid(form, p.m, p.n, splits, be.sm_count()), 1, 1),
@@ -167,20 +196,22 @@ pub(crate) fn gemm_fp8_wgmma_run(
     // [m, n] partial (zeros for a split with no k blocks) before the reduce, later on the stream.
     let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * mn) as usize) }?) } else { None };
     let none: u64 = 0;
-    // SAFETY: di_gemm_fp8_wgmma{,_rows,_p} take (map_x, map_w, sx, sw, y, partial, m, n, k, splits); the maps
-    // describe xq [m, k] and w [n, k] bytes, alive until the launch is queued (their sync guards)
-    // and freed in stream order after it; sx holds m * k / 128 scales, scale and y were checked by
-    // the op; partial holds splits * m * n floats when splits > 1 (unused otherwise); k % 128 == 0
-    // and n % 16 == 0 as the kernel requires; tiles past m and n are not written.
+    // SAFETY: di_gemm_fp8_wgmma{,_rows,_p} take (map_x, map_w, map_y, sx, sw, partial, m, n, k,
+    // splits); the maps describe xq [m, k] and w [n, k] bytes and y [m, n] bf16 as [m, 2n] bytes
+    // (the op checked y's length), alive until the launch is queued (their sync guards) and freed
+    // in stream order after it; sx holds m * k / 128 scales, scale was checked by the op; partial
+    // holds splits * m * n floats when splits > 1 (unused otherwise); k % 128 == 0 and n % 16 == 0
+    // as the kernel requires; the TMA stores clip rows past m and columns past n.
     unsafe {
         let mut b = s.launch_builder(&f);
-        b.arg(&map_x).arg(&map_w).arg(sx).arg(scale.cuda()).arg(y.cuda_mut());
+        b.arg(&map_x).arg(&map_w).arg(&map_y).arg(sx).arg(scale.cuda());
         match partial.as_mut() {
             Some(pt) => b.arg(pt),
             None => b.arg(&none),
         };
         b.arg(&p.m).arg(&p.n).arg(&p.k).arg(&splits).launch(cfg)
     }?;
+    drop(y_sync); // the launch that writes y through map_y is queued
     if let Some(pt) = partial {
         let r = be.function("gemm", "di_gemm_splitk_reduce")?;
         let mn32 = u32::try_from(mn).map_err(|_| crate::FfiError::shape("gemm", "m", "m * n exceeds u32"))?;
