@@ -5,7 +5,7 @@
 //! same code runs on the CPU reference backend and on CUDA.
 
 use deepinfer_kernels_ffi::moe::{self as ops, GroupedInput, MoeDispatch, MoeShape, RouteBy, Routed};
-use deepinfer_kernels_ffi::ops::{gemm_lowp, WeightFormat};
+use deepinfer_kernels_ffi::ops::{gemm_fp8_act, gemm_lowp, quantize_act_fp8, WeightFormat};
 use deepinfer_kernels_ffi::{DeviceBuffer, FfiError, GemmParams, Stream};
 use half::bf16;
 
@@ -60,7 +60,8 @@ impl MoeWeights {
 
 /// Scratch buffers of a forward over `tokens` tokens (public so tests can compare every stage):
 /// gate and up projections `g`, `u` and the activation `h` [pairs, inter], routed outputs `y`
-/// [pairs, dim] in permuted row order, and the shared expert's stages [tokens, ...].
+/// [pairs, dim] in permuted row order, and the shared expert's stages [tokens, ...] (with x as FP8
+/// codes and scales when its gate and up GEMMs share one quantisation).
 pub struct MoeWorkspace {
     pub tokens: u32,
     pub logits: DeviceBuffer<f32>,
@@ -74,6 +75,21 @@ pub struct MoeWorkspace {
     pub shared_u: DeviceBuffer<bf16>,
     pub shared_h: DeviceBuffer<bf16>,
     pub shared_y: DeviceBuffer<bf16>,
+    pub shared_xq: DeviceBuffer<u8>,
+    pub shared_sx: DeviceBuffer<f32>,
+}
+
+/// Tokens from which the shared expert's gate and up GEMMs take x quantised once
+/// (`quantize_act_fp8`, then `gemm_fp8_act` twice) instead of each quantising it: batches the FP8
+/// prefill kernels run on (more than 32 rows). Smaller batches run decode kernels that quantise x
+/// inside their own launch, where a separate pass would only add one.
+pub const SHARED_FP8_ACT_MIN_TOKENS: u32 = 33;
+
+/// Whether the shared expert of `w` at `tokens` tokens takes the one-quantisation path.
+fn shared_fp8_act(w: &MoeWeights, tokens: u32) -> bool {
+    w.shared.as_ref().is_some_and(|sh| sh.format == WeightFormat::Fp8Block128)
+        && tokens >= SHARED_FP8_ACT_MIN_TOKENS
+        && w.dim.is_multiple_of(128)
 }
 
 impl MoeWorkspace {
@@ -81,6 +97,7 @@ impl MoeWorkspace {
         let shape = MoeShape { tokens, experts: w.experts(), top_k: w.top_k };
         let (t, pairs, d, i) = (tokens as usize, shape.pairs(), w.dim as usize, w.inter as usize);
         let sh = |n: usize| if w.shared.is_some() { n } else { 0 };
+        let q = |n: usize| if shared_fp8_act(w, tokens) { n } else { 0 };
         Ok(MoeWorkspace {
             tokens,
             logits: stream.zeros(t * w.experts() as usize)?,
@@ -94,6 +111,8 @@ impl MoeWorkspace {
             shared_u: stream.zeros(sh(t * i))?,
             shared_h: stream.zeros(sh(t * i))?,
             shared_y: stream.zeros(sh(t * d))?,
+            shared_xq: stream.zeros(q(t * d))?,
+            shared_sx: stream.zeros(q(t * d / 128))?,
         })
     }
 }
@@ -145,8 +164,15 @@ pub fn forward(
     let requantize = ws.dispatch.tile <= 16;
     ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)?;
     if let Some(sh) = &w.shared {
-        gemm_lowp(stream, sh.format, x, &sh.w1.0, &sh.w1.1, &mut ws.shared_g, &GemmParams::new(t, i, d, true))?;
-        gemm_lowp(stream, sh.format, x, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &GemmParams::new(t, i, d, true))?;
+        let p = GemmParams::new(t, i, d, true);
+        if shared_fp8_act(w, t) {
+            quantize_act_fp8(stream, x, &mut ws.shared_xq, &mut ws.shared_sx, t, d)?;
+            gemm_fp8_act(stream, &ws.shared_xq, &ws.shared_sx, &sh.w1.0, &sh.w1.1, &mut ws.shared_g, &p)?;
+            gemm_fp8_act(stream, &ws.shared_xq, &ws.shared_sx, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &p)?;
+        } else {
+            gemm_lowp(stream, sh.format, x, &sh.w1.0, &sh.w1.1, &mut ws.shared_g, &p)?;
+            gemm_lowp(stream, sh.format, x, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &p)?;
+        }
         ops::swiglu(stream, &ws.shared_g, &ws.shared_u, &mut ws.shared_h, None, t, i, w.limit, true)?;
         gemm_lowp(
             stream,
