@@ -48,6 +48,7 @@ __device__ double uniform(uint64_t seed, uint64_t position) {
 // Histogram counters: a mass (< 2^41) is added as four 10-bit parts to u32 counters (native shared
 // atomics; each part's sum stays below 2^31 for vocabularies up to 2^21), reassembled exactly.
 constexpr int PARTS = 4;
+constexpr int FD_UNROLL = 8;  // entries a thread loads at once in find_desc's passes
 
 struct Shared {
     uint32_t hist[PARTS][256];
@@ -101,21 +102,36 @@ __device__ uint64_t find_desc(const float* l, const uint64_t* mass, uint32_t voc
         const int shift = 56 - 8 * level;
         for (int i = threadIdx.x; i < PARTS * 256; i += T) sh.hist[i / 256][i % 256] = 0;
         __syncthreads();
-        for (uint32_t i = threadIdx.x; i < vocab; i += T) {
-            const float f = l[i];
-            if (!usable(f)) continue;
-            const uint64_t k = cand_key(f, i);
-            if (k < lo) continue;
-            if (level > 0 && (k >> (shift + 8)) != (prefix >> (shift + 8))) continue;
-            const uint32_t d = static_cast<uint32_t>(k >> shift) & 255u;
-            if (count) {
-                atomicAdd(&sh.hist[0][d], 1u);
-            } else {
-                const uint64_t w = mass[i];
+        // FD_UNROLL entries a thread per step, every load issued before any is used: one entry at
+        // a time waited on its two L2 loads each (latency-bound, 32 warps an SM).
+        for (uint32_t i0 = threadIdx.x; i0 < vocab; i0 += FD_UNROLL * T) {
+            float fs[FD_UNROLL];
+            uint64_t ws[FD_UNROLL];
 #pragma unroll
-                for (int q = 0; q < PARTS; ++q) {
-                    const uint32_t part = static_cast<uint32_t>(w >> (10 * q)) & (q == PARTS - 1 ? 0x7FFu : 0x3FFu);
-                    if (part) atomicAdd(&sh.hist[q][d], part);
+            for (int u = 0; u < FD_UNROLL; ++u) {
+                const uint32_t i = i0 + u * T;
+                fs[u] = i < vocab ? l[i] : -INFINITY;
+                ws[u] = !count && i < vocab ? mass[i] : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < FD_UNROLL; ++u) {
+                const uint32_t i = i0 + u * T;
+                const float f = fs[u];
+                if (!usable(f)) continue;
+                const uint64_t k = cand_key(f, i);
+                if (k < lo) continue;
+                if (level > 0 && (k >> (shift + 8)) != (prefix >> (shift + 8))) continue;
+                const uint32_t d = static_cast<uint32_t>(k >> shift) & 255u;
+                if (count) {
+                    atomicAdd(&sh.hist[0][d], 1u);
+                } else {
+                    const uint64_t w = ws[u];
+#pragma unroll
+                    for (int q = 0; q < PARTS; ++q) {
+                        const uint32_t part =
+                            static_cast<uint32_t>(w >> (10 * q)) & (q == PARTS - 1 ? 0x7FFu : 0x3FFu);
+                        if (part) atomicAdd(&sh.hist[q][d], part);
+                    }
                 }
             }
         }
