@@ -52,9 +52,10 @@ constexpr int FD_UNROLL = 8;  // entries a thread loads at once in find_desc's p
 
 struct Shared {
     uint32_t hist[PARTS][256];
+    uint32_t cnt[256];  // entries per digit (mass descents, from level 1)
     unsigned long long red[32];
-    unsigned long long prefix, rem;
-    int found;
+    unsigned long long prefix, rem, key;
+    int found, single;
     uint64_t top[20];
     int ntop_found;
     uint32_t pick;
@@ -101,6 +102,7 @@ __device__ uint64_t find_desc(const float* l, const uint64_t* mass, uint32_t voc
     for (int level = 0; level < 8; ++level) {
         const int shift = 56 - 8 * level;
         for (int i = threadIdx.x; i < PARTS * 256; i += T) sh.hist[i / 256][i % 256] = 0;
+        if (threadIdx.x < 256) sh.cnt[threadIdx.x] = 0;
         __syncthreads();
         // FD_UNROLL entries a thread per step, every load issued before any is used: one entry at
         // a time waited on its two L2 loads each (latency-bound, 32 warps an SM).
@@ -125,6 +127,7 @@ __device__ uint64_t find_desc(const float* l, const uint64_t* mass, uint32_t voc
                 if (count) {
                     atomicAdd(&sh.hist[0][d], 1u);
                 } else {
+                    if (level > 0) atomicAdd(&sh.cnt[d], 1u);
                     const uint64_t w = ws[u];
 #pragma unroll
                     for (int q = 0; q < PARTS; ++q) {
@@ -162,11 +165,29 @@ __device__ uint64_t find_desc(const float* l, const uint64_t* mass, uint32_t voc
             sh.found = chosen >= 0;
             sh.prefix = prefix | (static_cast<uint64_t>(chosen < 0 ? 0 : chosen) << shift);
             sh.rem = r;
+            // One entry under the chosen digit: the remaining levels could only spell out its key.
+            sh.single = chosen >= 0 && level < 7 && (count ? bucket(chosen) == 1 : level > 0 && sh.cnt[chosen] == 1);
         }
         __syncthreads();
         if (!sh.found) return 0;
         prefix = sh.prefix;
         rem = sh.rem;
+        if (sh.single) {
+            // Its key, from the one pass that meets it (usable, >= lo, under the prefix so far).
+            for (uint32_t i0 = threadIdx.x; i0 < vocab; i0 += FD_UNROLL * T) {
+                float fs[FD_UNROLL];
+#pragma unroll
+                for (int u = 0; u < FD_UNROLL; ++u) fs[u] = i0 + u * T < vocab ? l[i0 + u * T] : -INFINITY;
+#pragma unroll
+                for (int u = 0; u < FD_UNROLL; ++u) {
+                    if (!usable(fs[u])) continue;
+                    const uint64_t k = cand_key(fs[u], i0 + u * T);
+                    if (k >= lo && (k >> shift) == (prefix >> shift)) sh.key = k;
+                }
+            }
+            __syncthreads();
+            return sh.key;
+        }
     }
     return prefix;
 }
