@@ -109,6 +109,67 @@ __device__ __forceinline__ void store_rows_f32(float* __restrict__ part, const f
 }  // namespace
 #endif
 
+#if DI_SM90
+namespace {
+
+// The shared memory, work items and producer of a persistent FP8 wgmma GEMM with TM-row x tiles,
+// 128-row W tiles and NST stages: x_tiles [NST][TM x 128 bytes], w_tiles [NST][128 x 128 bytes],
+// the two consumer warpgroups' 16 KB output staging, then the full and empty barriers. Item t is
+// tile t % tiles (groups of GM row tiles, rows fastest) over split t / tiles of the k blocks.
+template <int TM, int NST, uint32_t GM>
+struct Fp8Ring {
+    static constexpr int XT = TM * BK;  // bytes of one x tile
+    uint8_t *x_tiles, *w_tiles, *out_stage;
+    uint64_t *full, *empty;
+    uint32_t nk, tiles_m, tiles_n, tiles, items, per_split;
+
+    __device__ __forceinline__ Fp8Ring(uint8_t* base, uint32_t m, uint32_t n, uint32_t k, uint32_t splits) {
+        x_tiles = base;
+        w_tiles = base + NST * XT;
+        out_stage = base + NST * (XT + W_TILE);
+        full = reinterpret_cast<uint64_t*>(out_stage + 2 * OUT_STAGE);
+        empty = full + NST;
+        nk = k / BK;
+        tiles_n = (n + BN - 1) / BN;
+        tiles_m = (m + TM - 1) / TM;
+        tiles = tiles_n * tiles_m;
+        items = tiles * splits;
+        per_split = (nk + splits - 1) / splits;
+    }
+
+    // Item t: its tile and its k blocks [kb0, kb1) (empty for splits past the end of k).
+    __device__ __forceinline__ void item(uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) const {
+        tile_coords<GM>(t % tiles, tiles_m, tiles_n, mt, nt);
+        kb0 = min(t / tiles * per_split, nk);
+        kb1 = min(kb0 + per_split, nk);
+    }
+
+    // Warpgroup 0: gives up its registers; its first thread loads every k block of this block's
+    // items into the ring (slot it % NST, pass it / NST), the other threads leave.
+    __device__ __forceinline__ void produce(const DiTmaMap& map_x, const DiTmaMap& map_w) const {
+        setmaxnreg_dec<40>();
+        if (threadIdx.x != 0) return;
+        tma_prefetch_map(&map_x);
+        tma_prefetch_map(&map_w);
+        uint32_t it = 0;
+        for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
+            uint32_t mt, nt, kb0, kb1;
+            item(t, mt, nt, kb0, kb1);
+            const int32_t m0 = static_cast<int32_t>(mt * TM), n0 = static_cast<int32_t>(nt * BN);
+            for (uint32_t kb = kb0; kb < kb1; ++kb, ++it) {
+                const uint32_t s = it % NST;
+                mbar_wait(&empty[s], ((it / NST) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], XT + W_TILE);
+                tma_load_2d(x_tiles + s * XT, &map_x, static_cast<int32_t>(kb * BK), m0, &full[s]);
+                tma_load_2d(w_tiles + s * W_TILE, &map_w, static_cast<int32_t>(kb * BK), n0, &full[s]);
+            }
+        }
+    }
+};
+
+}  // namespace
+#endif
+
 // map_x: x as e4m3 bytes [m, k] (box 256 rows x 128, 128-byte swizzle); map_w: W bytes [n, k] (box 128
 // x 128); map_y: y [m, n] bf16 as bytes [m, 2n] (box 64 rows x 128 bytes, 128-byte swizzle); sx
 // [m, k / 128] f32; sw [ceil(n / 128), k / 128] ue8m0. k % 128 == 0, n % 16 == 0. Rows past m and
@@ -127,44 +188,16 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
                                           uint32_t splits) {
 #if DI_SM90
     extern __shared__ uint8_t smem_raw[];
-    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    uint8_t* x_tiles = base;
-    uint8_t* w_tiles = base + STAGES * X_TILE;
-    uint8_t* out_stage = base + STAGES * (X_TILE + W_TILE);
-    uint64_t* full = reinterpret_cast<uint64_t*>(out_stage + 2 * OUT_STAGE);
-    uint64_t* empty = full + STAGES;
-    const uint32_t nk = k / BK;
-    const uint32_t tiles_n = (n + BN - 1) / BN;
-    const uint32_t tiles_m = (m + BM - 1) / BM;
-    const uint32_t tiles = tiles_n * tiles_m;
-    const uint32_t items = tiles * splits, per_split = (nk + splits - 1) / splits;
-    // Item t: its tile and its k blocks [kb0, kb1) (empty for splits past the end of k).
-    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) {
-        tile_coords(t % tiles, tiles_m, tiles_n, mt, nt);
-        kb0 = min(t / tiles * per_split, nk);
-        kb1 = min(kb0 + per_split, nk);
-    };
+    const Fp8Ring<BM, STAGES, GROUP_M> ring(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023), m, n, k, splits);
+    uint8_t *x_tiles = ring.x_tiles, *w_tiles = ring.w_tiles, *out_stage = ring.out_stage;
+    uint64_t *full = ring.full, *empty = ring.empty;
+    const uint32_t nk = ring.nk, tiles = ring.tiles, items = ring.items;
+    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) { ring.item(t, mt, nt, kb0, kb1); };
     const int wg = threadIdx.x / 128;
     ring_init(full, empty, STAGES, 8);  // empty: lane 0 of each consumer warp
 
     if (wg == 0) {
-        setmaxnreg_dec<40>();
-        if (threadIdx.x != 0) return;
-        tma_prefetch_map(&map_x);
-        tma_prefetch_map(&map_w);
-        uint32_t it = 0;  // k blocks loaded so far: slot it % STAGES, pass it / STAGES
-        for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
-            uint32_t mt, nt, kb0, kb1;
-            item(t, mt, nt, kb0, kb1);
-            const int32_t m0 = static_cast<int32_t>(mt * BM), n0 = static_cast<int32_t>(nt * BN);
-            for (uint32_t kb = kb0; kb < kb1; ++kb, ++it) {
-                const uint32_t s = it % STAGES;
-                mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
-                mbar_arrive_expect_tx(&full[s], X_TILE + W_TILE);
-                tma_load_2d(x_tiles + s * X_TILE, &map_x, static_cast<int32_t>(kb * BK), m0, &full[s]);
-                tma_load_2d(w_tiles + s * W_TILE, &map_w, static_cast<int32_t>(kb * BK), n0, &full[s]);
-            }
-        }
+        ring.produce(map_x, map_w);
         return;
     }
 
@@ -278,43 +311,16 @@ __device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMa
                                             uint32_t splits) {
 #if DI_SM90
     extern __shared__ uint8_t smem_raw[];
-    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    uint8_t* x_tiles = base;
-    uint8_t* w_tiles = base + PSTAGES * PX_TILE;
-    uint8_t* out_stage = base + PSTAGES * (PX_TILE + W_TILE);
-    uint64_t* full = reinterpret_cast<uint64_t*>(out_stage + 2 * OUT_STAGE);
-    uint64_t* empty = full + PSTAGES;
-    const uint32_t nk = k / BK;
-    const uint32_t tiles_n = (n + BN - 1) / BN;
-    const uint32_t tiles_m = (m + PBM - 1) / PBM;
-    const uint32_t tiles = tiles_n * tiles_m;
-    const uint32_t items = tiles * splits, per_split = (nk + splits - 1) / splits;
-    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) {
-        tile_coords<P_GROUP_M>(t % tiles, tiles_m, tiles_n, mt, nt);
-        kb0 = min(t / tiles * per_split, nk);
-        kb1 = min(kb0 + per_split, nk);
-    };
+    const Fp8Ring<PBM, PSTAGES, P_GROUP_M> ring(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023), m, n, k, splits);
+    uint8_t *x_tiles = ring.x_tiles, *w_tiles = ring.w_tiles, *out_stage = ring.out_stage;
+    uint64_t *full = ring.full, *empty = ring.empty;
+    const uint32_t nk = ring.nk, tiles = ring.tiles, items = ring.items;
+    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) { ring.item(t, mt, nt, kb0, kb1); };
     const int wg = threadIdx.x / 128;
     ring_init(full, empty, PSTAGES, 8);  // empty: lane 0 of each consumer warp
 
     if (wg == 0) {
-        setmaxnreg_dec<40>();
-        if (threadIdx.x != 0) return;
-        tma_prefetch_map(&map_x);
-        tma_prefetch_map(&map_w);
-        uint32_t it = 0;
-        for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
-            uint32_t mt, nt, kb0, kb1;
-            item(t, mt, nt, kb0, kb1);
-            const int32_t m0 = static_cast<int32_t>(mt * PBM), n0 = static_cast<int32_t>(nt * BN);
-            for (uint32_t kb = kb0; kb < kb1; ++kb, ++it) {
-                const uint32_t s = it % PSTAGES;
-                mbar_wait(&empty[s], ((it / PSTAGES) & 1) ^ 1);
-                mbar_arrive_expect_tx(&full[s], PX_TILE + W_TILE);
-                tma_load_2d(x_tiles + s * PX_TILE, &map_x, static_cast<int32_t>(kb * BK), m0, &full[s]);
-                tma_load_2d(w_tiles + s * W_TILE, &map_w, static_cast<int32_t>(kb * BK), n0, &full[s]);
-            }
-        }
+        ring.produce(map_x, map_w);
         return;
     }
 

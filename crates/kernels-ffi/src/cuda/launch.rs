@@ -231,10 +231,15 @@ pub(crate) fn quantize_x_e4m3(
     rows: u32,
     k: u32,
 ) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<f32>)> {
-    // 16 half-warps of 256 threads, each striding over 1x128 blocks four at a time; at most 8 such
-    // blocks of threads an SM (a grid-stride loop covers the rest).
     let sms = backend(stream).sm_count() as u64;
-    quantize_x(stream, x, rows, k, "di_quantize_x_e4m3", |blocks128| blocks128.div_ceil(16 * 4).clamp(1, 8 * sms))
+    quantize_x(stream, x, rows, k, "di_quantize_x_e4m3", |blocks128| e4m3_quant_grid(blocks128, sms))
+}
+
+/// Blocks of `di_quantize_x_e4m3` for `blocks128` 1x128 blocks on `sms` SMs: 16 half-warps of 256
+/// threads, each striding over 1x128 blocks four at a time; at most 8 such blocks of threads an SM
+/// (a grid-stride loop covers the rest).
+fn e4m3_quant_grid(blocks128: u64, sms: u64) -> u64 {
+    blocks128.div_ceil(16 * 4).clamp(1, 8 * sms)
 }
 
 /// Every row of x [rows, k] rounded as [`quantize_x_e4m3`] does, stored as f16 values in the FP4
@@ -304,7 +309,7 @@ pub(crate) fn quantize_act_fp8(
 ) -> Result<()> {
     let sms = backend(stream).sm_count() as u64;
     quantize_x_into(stream, x, xq.cuda_mut(), sx.cuda_mut(), rows, k, "di_quantize_x_e4m3", |blocks128| {
-        blocks128.div_ceil(16 * 4).clamp(1, 8 * sms)
+        e4m3_quant_grid(blocks128, sms)
     })
 }
 
