@@ -119,3 +119,49 @@ fn gemm_fp8_act_equals_gemm_lowp_with_quantised_x() {
         .to_string();
     assert!(e.contains("xq"), "{e}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// For any shape and input scale, the FP8-activation GEMM on `quantize_act_fp8`'s output gives
+    /// the bits of `gemm_lowp` with `quantize_x`, and the codes times the scales are exactly the FP8
+    /// round trip of x (values that quantising again leaves unchanged).
+    #[test]
+    fn fp8_activation_gemm_is_gemm_lowp_with_quantisation(
+        m in 1usize..6,
+        n16 in 1usize..5,
+        k128 in 1usize..4,
+        scale in prop::sample::select(vec![1e-6f32, 1e-2, 1.0, 300.0]),
+        seed in any::<u64>(),
+    ) {
+        use deepinfer_kernels_ffi::{ops, quant, Device, GemmParams};
+        use half::bf16;
+        let s = Device::cpu().default_stream();
+        let (n, k) = (16 * n16, 128 * k128);
+        let mut st = seed | 1;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let x: Vec<bf16> = (0..m * k).map(|_| bf16::from_f32(((next() % 2001) as f32 - 1000.0) / 1000.0 * scale)).collect();
+        let w: Vec<u8> = (0..n * k).map(|_| quant::random_e4m3(next())).collect();
+        let sc: Vec<u8> = (0..n.div_ceil(128) * k / 128).map(|_| 118 + (next() % 12) as u8).collect();
+        let (xb, wb, sb) = (s.upload(&x).unwrap(), s.upload(&w).unwrap(), s.upload(&sc).unwrap());
+        let mut xq = s.zeros::<u8>(m * k).unwrap();
+        let mut sx = s.zeros::<f32>(m * k / 128).unwrap();
+        ops::quantize_act_fp8(&s, &xb, &mut xq, &mut sx, m as u32, k as u32).unwrap();
+        let (codes, scales) = (s.download(&xq).unwrap(), s.download(&sx).unwrap());
+        let mut round: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        quant::fp8_round_trip(&mut round, 128, 1e-4);
+        for (i, c) in codes.iter().enumerate() {
+            prop_assert_eq!(quant::e4m3_to_f32(*c) * scales[i / 128], round[i], "value {}", i);
+        }
+        let p = GemmParams::new(m as u32, n as u32, k as u32, true);
+        let mut want = s.zeros::<bf16>(m * n).unwrap();
+        ops::gemm_lowp(&s, ops::WeightFormat::Fp8Block128, &xb, &wb, &sb, &mut want, &p).unwrap();
+        let mut got = s.zeros::<bf16>(m * n).unwrap();
+        ops::gemm_fp8_act(&s, &xq, &sx, &wb, &sb, &mut got, &p).unwrap();
+        prop_assert_eq!(s.download(&got).unwrap(), s.download(&want).unwrap());
+    }
+}
