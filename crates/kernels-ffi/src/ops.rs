@@ -171,7 +171,7 @@ pub fn gemm_lowp(
     if format == WeightFormat::Fp4Row32 && p.quantize_x != 0 && !p.k.is_multiple_of(128) {
         return Err(FfiError::shape(OP, "quantize_x", "FP4 with activation quantisation needs k a multiple of 128"));
     }
-    check_gemm_buffers(OP, stream, format, x, w, scale, y, p)?;
+    check_gemm_buffers(OP, stream, format, ("x", x), w, scale, y, p)?;
     match (&x.storage, &w.storage, &scale.storage, &mut y.storage) {
         (Storage::Host(x), Storage::Host(w), Storage::Host(s), Storage::Host(y)) => {
             match format {
@@ -253,7 +253,7 @@ pub fn gemm_fp8_act(
             format!("m {}, n {} and k {} must be positive, k a multiple of 128", p.m, p.n, p.k),
         ));
     }
-    check_gemm_buffers(OP, stream, WeightFormat::Fp8Block128, xq, w, scale, y, p)?;
+    check_gemm_buffers(OP, stream, WeightFormat::Fp8Block128, ("xq", xq), w, scale, y, p)?;
     check_len(OP, "sx", sx, p.m as usize * p.k as usize / 128)?;
     stream.check_on(OP, "sx", sx)?;
     let q = GemmParams { quantize_x: 1, ..*p };
@@ -273,13 +273,14 @@ pub fn gemm_fp8_act(
     }
 }
 
-/// The lengths (x [m, k], w and scale for the format, y [m, n]) and devices of a GEMM's buffers.
+/// The lengths (x [m, k], w and scale for the format, y [m, n]) and devices of a GEMM's buffers;
+/// errors name x's buffer by `x.0`.
 #[allow(clippy::too_many_arguments)]
 fn check_gemm_buffers<X: Element>(
     op: &'static str,
     stream: &Stream,
     format: WeightFormat,
-    x: &DeviceBuffer<X>,
+    x: (&'static str, &DeviceBuffer<X>),
     w: &DeviceBuffer<u8>,
     scale: &DeviceBuffer<u8>,
     y: &DeviceBuffer<half::bf16>,
@@ -287,11 +288,11 @@ fn check_gemm_buffers<X: Element>(
 ) -> Result<()> {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
     let (wb, sb) = format.bytes(n, k);
-    check_len(op, "x", x, m * k)?;
+    check_len(op, x.0, x.1, m * k)?;
     check_len(op, "w", w, wb)?;
     check_len(op, "scale", scale, sb)?;
     check_len(op, "y", y, m * n)?;
-    stream.check_on(op, "x", x)?;
+    stream.check_on(op, x.0, x.1)?;
     stream.check_on(op, "w", w)?;
     stream.check_on(op, "scale", scale)?;
     stream.check_on(op, "y", y)
@@ -358,7 +359,7 @@ pub fn gemm_fp8_packed(
     if p.quantize_x == 0 {
         return Err(FfiError::shape(OP, "quantize_x", "the packed decode GEMM always quantises x to FP8"));
     }
-    check_gemm_buffers(OP, stream, WeightFormat::Fp8Block128, x, w, scale, y, p)?;
+    check_gemm_buffers(OP, stream, WeightFormat::Fp8Block128, ("x", x), w, scale, y, p)?;
     let (n, k) = (p.n as usize, p.k as usize);
     match (&x.storage, &w.storage, &scale.storage, &mut y.storage) {
         (Storage::Host(x), Storage::Host(w), Storage::Host(s), Storage::Host(y)) => {

@@ -112,6 +112,8 @@ fn gemm_fp8_act_equals_gemm_lowp_with_quantised_x() {
     assert_eq!(s.download(&got).unwrap(), s.download(&want).unwrap());
     let e = ops::gemm_fp8_act(&s, &xq, &s.zeros::<f32>(3).unwrap(), &wb, &sb, &mut got, &p).unwrap_err().to_string();
     assert!(e.contains("sx"), "{e}");
+    let e = ops::gemm_fp8_act(&s, &s.zeros::<u8>(7).unwrap(), &sx, &wb, &sb, &mut got, &p).unwrap_err().to_string();
+    assert!(e.contains("xq"), "{e}");
     let e = ops::quantize_act_fp8(&s, &xb, &mut xq, &mut sx, m as u32, 100).unwrap_err().to_string();
     assert!(e.contains("k"), "{e}");
     let e = ops::quantize_act_fp8(&s, &xb, &mut s.zeros::<u8>(10).unwrap(), &mut sx, m as u32, k as u32)
