@@ -192,7 +192,6 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
     uint8_t *x_tiles = ring.x_tiles, *w_tiles = ring.w_tiles, *out_stage = ring.out_stage;
     uint64_t *full = ring.full, *empty = ring.empty;
     const uint32_t nk = ring.nk, tiles = ring.tiles, items = ring.items;
-    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) { ring.item(t, mt, nt, kb0, kb1); };
     const int wg = threadIdx.x / 128;
     ring_init(full, empty, STAGES, 8);  // empty: lane 0 of each consumer warp
 
@@ -207,7 +206,7 @@ __device__ __forceinline__ void fp8_wgmma(const DiTmaMap& map_x, const DiTmaMap&
     uint32_t it = 0;
     for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
         uint32_t mt, nt, kb0, kb1;
-        item(t, mt, nt, kb0, kb1);
+        ring.item(t, mt, nt, kb0, kb1);
         const uint32_t m0 = mt * BM, n0 = nt * BN;
         // Accumulator layout: rows warp * 16 + lane / 4 (+ 8) of each 64-row half, columns
         // 8 j + 2 (lane % 4) (+ 1).
@@ -315,7 +314,6 @@ __device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMa
     uint8_t *x_tiles = ring.x_tiles, *w_tiles = ring.w_tiles, *out_stage = ring.out_stage;
     uint64_t *full = ring.full, *empty = ring.empty;
     const uint32_t nk = ring.nk, tiles = ring.tiles, items = ring.items;
-    auto item = [&](uint32_t t, uint32_t& mt, uint32_t& nt, uint32_t& kb0, uint32_t& kb1) { ring.item(t, mt, nt, kb0, kb1); };
     const int wg = threadIdx.x / 128;
     ring_init(full, empty, PSTAGES, 8);  // empty: lane 0 of each consumer warp
 
@@ -330,7 +328,7 @@ __device__ __forceinline__ void fp8_wgmma_p(const DiTmaMap& map_x, const DiTmaMa
     uint32_t it = 0;  // k blocks consumed so far: slot it % PSTAGES, pass it / PSTAGES
     for (uint32_t t = blockIdx.x; t < items; t += gridDim.x) {
         uint32_t mt, nt, kb0, kb1;
-        item(t, mt, nt, kb0, kb1);
+        ring.item(t, mt, nt, kb0, kb1);
         const uint32_t m0 = mt * PBM, n0 = nt * BN;
         const uint32_t r0 = m0 + cw * 64 + warp * 16 + lane / 4;
         const float* sx0 = sx + static_cast<size_t>(r0 < m ? r0 : m - 1) * nk;
