@@ -233,9 +233,10 @@ pub fn quantize_act_fp8(
 /// quantised to FP8 (`xq` e4m3 [m, k], `sx` [m, k / 128], as [`quantize_act_fp8`] or a producer
 /// that fuses it write them): the product [`gemm_lowp`] forms with `quantize_x`, without its
 /// quantisation pass (`p.quantize_x` is not read). On an sm_90 GPU with more than 32 rows the wgmma
-/// kernels read xq and sx directly; other shapes and devices dequantise x into bf16 (exact) and
-/// run [`gemm_lowp`] with `quantize_x`, whose rounding leaves those values unchanged
-/// ([`crate::quant::fp8_round_trip`] is idempotent).
+/// kernels read xq and sx directly; other GPU shapes dequantise x into bf16 (exact) and run
+/// [`gemm_lowp`] with `quantize_x` (so the FP8-activation decode kernels take them), whose
+/// rounding leaves those values unchanged ([`crate::quant::fp8_round_trip`] is idempotent); the
+/// CPU multiplies the dequantised values as they are.
 pub fn gemm_fp8_act(
     stream: &Stream,
     xq: &DeviceBuffer<u8>,
@@ -256,7 +257,6 @@ pub fn gemm_fp8_act(
     check_gemm_buffers(OP, stream, WeightFormat::Fp8Block128, ("xq", xq), w, scale, y, p)?;
     check_len(OP, "sx", sx, p.m as usize * p.k as usize / 128)?;
     stream.check_on(OP, "sx", sx)?;
-    let q = GemmParams { quantize_x: 1, ..*p };
     match (&xq.storage, &sx.storage) {
         (Storage::Host(codes), Storage::Host(scales)) => {
             let (m, k) = (p.m as usize, p.k as usize);
@@ -264,10 +264,12 @@ pub fn gemm_fp8_act(
                 .map(|i| half::bf16::from_f32(crate::quant::e4m3_to_f32(codes[i]) * scales[i / 128]))
                 .collect();
             let x = DeviceBuffer { storage: Storage::Host(x) };
-            gemm_lowp(stream, WeightFormat::Fp8Block128, &x, w, scale, y, &q)
+            gemm_lowp(stream, WeightFormat::Fp8Block128, &x, w, scale, y, &GemmParams { quantize_x: 0, ..*p })
         }
         #[cfg(feature = "cuda")]
-        (Storage::Cuda(_), Storage::Cuda(_)) => crate::cuda::launch::gemm_fp8_act(stream, xq, sx, w, scale, y, &q),
+        (Storage::Cuda(_), Storage::Cuda(_)) => {
+            crate::cuda::launch::gemm_fp8_act(stream, xq, sx, w, scale, y, &GemmParams { quantize_x: 1, ..*p })
+        }
         #[cfg(feature = "cuda")]
         _ => unreachable!("check_on verified every buffer is on the stream's device"),
     }
