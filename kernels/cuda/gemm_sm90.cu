@@ -677,11 +677,18 @@ extern "C" __global__ void __launch_bounds__(128 * (1 + G4_MATH), 1)
 // quantises x to e4m3 with 1x128 power-of-two scales (the official activation quantisation)
 // straight into the swizzled B layout while the first W tiles are in flight.
 //
-// Block: warp 0 lane 0 issues the W loads; warps 1-7 quantise x; warpgroup 1 (warps 4-7) runs per
-// k block two m64nNk32 x 4 MMAs (rows 0-63, 64-127), releases the slot and adds the sums times the W
-// block scale and each token's x scale. (Splitting k over clusters of 2-8 blocks that add their
-// partials through distributed shared memory, for shapes with few rows, was slower than the
-// mma.sync kernel: benches/results/2026-11-30-gemm-decode/wgmma.)
+// Block (row block blockIdx.x, k split blockIdx.y): warp 0 lane 0 issues the W loads; warps 1-7
+// quantise x; warpgroup 1 (warps 4-7) runs per k block two m64nNk32 x 4 MMAs (rows 0-63, 64-127),
+// releases the slot and adds the sums times the W block scale and each token's x scale.
+// With one split the block writes y. With several (W with few row blocks) each block writes its fp32
+// partial sums to global memory and the last block of a row block to finish (a counter per row
+// block) adds the partials in split order and writes y, so the sums do not depend on which block
+// finishes last, and the op is still one launch. (Splitting k over clusters of 2-8 blocks that added
+// their partials through distributed shared memory was slower than the mma.sync kernel:
+// benches/results/2026-11-30-gemm-decode/wgmma.)
+// Programmatic dependent launch: the blocks let the next grid start at once and stream their W
+// tiles before waiting for the grid before them (W and its scales are weights, written by no
+// kernel); x, the partials, the counters and y are touched only after pdl_wait.
 #if DI_SM90
 namespace {
 
@@ -700,12 +707,13 @@ template <> __device__ __forceinline__ void wgmma_dec<16>(float (&d)[8], uint64_
 // block (the official activation quantisation, as di_quantize_x_e4m3) into xs in the 128-byte
 // swizzled B layout (16-byte chunk c of row t at chunk c ^ (t % 8)) and scales into sxs[j * N + t];
 // rows m .. N are zeros. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane, and
-// each warp issues U blocks' loads before using any (the loads, not the math, are the time).
+// each warp issues U blocks' loads before using any (the loads, not the math, are the time; U = 10
+// makes 16 rows x 8 blocks one round).
 template <int N>
 __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict__ x, uint32_t m, uint32_t k,
                                                  uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w,
                                                  int lane) {
-    constexpr int U = 8;
+    constexpr int U = 10;
     const uint32_t tasks = m * cnt, h = lane / 16, l = lane % 16;
     for (uint32_t first = w * 2 * U; first < tasks; first += 7 * 2 * U) {
         uint4 raw[U];
@@ -741,20 +749,23 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
     }
 }
 
-// N: tokens a block multiplies (8 or 16, m <= N).
+// N: tokens a block multiplies (8 or 16, m <= N). per: k blocks a split (gridDim.y splits).
 template <int N>
 __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bfloat16* __restrict__ x,
                                             const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
-                                            uint32_t m, uint32_t n, uint32_t k, uint32_t stages) {
+                                            float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,
+                                            uint32_t n, uint32_t k, uint32_t stages, uint32_t per) {
     extern __shared__ uint8_t smem_raw[];
-    const uint32_t cnt = k / 128;
+    __shared__ uint32_t last_split;
+    pdl_launch_dependents();
+    const uint32_t nk = k / 128, j0 = blockIdx.y * per, cnt = min(per, nk - j0);
     const uint32_t rb = blockIdx.x;  // this block's 128-row block of W
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* ring = base;                                  // stages x DEC_TILE
-    uint8_t* xs = ring + stages * DEC_TILE;                    // cnt x N rows x 128 bytes, swizzled
-    float* sxs = reinterpret_cast<float*>(xs + cnt * N * 128);  // [cnt][N] x scales
-    float* red = sxs + cnt * N;                                // [128][N] outputs
-    uint64_t* full = reinterpret_cast<uint64_t*>(red + DEC_ROWS * N);
+    uint8_t* xs = ring + stages * DEC_TILE;                    // per x N rows x 128 bytes, swizzled
+    float* sxs = reinterpret_cast<float*>(xs + per * N * 128);  // [per][N] x scales
+    float* red = reinterpret_cast<float*>(ring);                // [128][N] outputs, once the ring is done
+    uint64_t* full = reinterpret_cast<uint64_t*>(sxs + per * N);
     uint64_t* empty = full + stages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     ring_init(full, empty, stages, 4);  // empty: lane 0 of each consumer warp
@@ -766,49 +777,79 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
                 const uint32_t s = j % stages;
                 mbar_wait(&empty[s], ((j / stages) & 1) ^ 1);
                 mbar_arrive_expect_tx(&full[s], DEC_TILE);
-                tma_load_2d(ring + s * DEC_TILE, &map_w, static_cast<int32_t>(j * 128),
+                tma_load_2d(ring + s * DEC_TILE, &map_w, static_cast<int32_t>((j0 + j) * 128),
                             static_cast<int32_t>(rb * DEC_ROWS), &full[s]);
             }
         }
         __syncwarp();  // warp 0 reconverges before the block-wide barriers below
+        pdl_wait();    // before warp 0 writes outputs below
     } else {
-        quantize_x_slice<N>(x, m, k, cnt, xs, sxs, warp - 1, lane);
+        // The W block scales are weights: the consumer warps load theirs (up to 64 a block; more
+        // are read in the loop) before waiting for the grid before this one.
+        const uint8_t* swr = sw + static_cast<size_t>(rb) * nk + j0;
+        uint32_t sc_lo = 0, sc_hi = 0;
+        if (warp >= 4) {
+            if (static_cast<uint32_t>(lane) < cnt) sc_lo = swr[lane];
+            if (static_cast<uint32_t>(lane) + 32 < cnt) sc_hi = swr[lane + 32];
+        }
+        pdl_wait();
+        quantize_x_slice<N>(x + j0 * 128, m, k, cnt, xs, sxs, warp - 1, lane);
         fence_proxy_async_smem();
         named_barrier(1, 224);  // warps 1-7: x is in place
 
         if (warp >= 4) {
             const int cwarp = warp - 4;
-            float acc0[N / 2], acc1[N / 2], blk0[N / 2], blk1[N / 2];
+            float acc0[N / 2], acc1[N / 2], a0[N / 2], a1[N / 2], b0[N / 2], b1[N / 2];
 #pragma unroll
             for (int i = 0; i < N / 2; ++i) acc0[i] = acc1[i] = 0.f;
-            const uint8_t* swr = sw + static_cast<size_t>(rb) * cnt;
-            for (uint32_t j = 0; j < cnt; ++j) {
+            // Tile j's MMAs into (d0, d1): rows 0-63 and 64-127 of W against the tokens.
+            auto issue = [&](uint32_t j, float (&d0)[N / 2], float (&d1)[N / 2]) {
                 const uint32_t s = j % stages;
-                const float sb = e8m0(swr[j]);
                 mbar_wait(&full[s], (j / stages) & 1);
                 const uint32_t wa = smem_addr(ring + s * DEC_TILE), xa = smem_addr(xs + j * N * 128);
-                wgmma_fence_regs(blk0);
-                wgmma_fence_regs(blk1);
+                wgmma_fence_regs(d0);
+                wgmma_fence_regs(d1);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
                     const uint64_t db = wgmma_desc_sw128(xa + kk * 32);
-                    wgmma_dec<N>(blk0, wgmma_desc_sw128(wa + kk * 32), db, kk > 0);
-                    wgmma_dec<N>(blk1, wgmma_desc_sw128(wa + 64 * 128 + kk * 32), db, kk > 0);
+                    wgmma_dec<N>(d0, wgmma_desc_sw128(wa + kk * 32), db, kk > 0);
+                    wgmma_dec<N>(d1, wgmma_desc_sw128(wa + 64 * 128 + kk * 32), db, kk > 0);
                 }
                 wgmma_commit();
-                wgmma_wait<0>();
-                wgmma_fence_regs(blk0);
-                wgmma_fence_regs(blk1);
-                if (lane == 0) mbar_arrive(&empty[s]);
+            };
+            // Tile j's sums (done) times its W block scale and each token's x scale, and its slot freed.
+            auto add = [&](uint32_t j, float (&d0)[N / 2], float (&d1)[N / 2]) {
+                wgmma_fence_regs(d0);
+                wgmma_fence_regs(d1);
+                if (lane == 0) mbar_arrive(&empty[j % stages]);
+                const uint32_t code = j < 32 ? __shfl_sync(0xffffffffu, sc_lo, j) : j < 64 ? __shfl_sync(0xffffffffu, sc_hi, j - 32) : swr[j];
+                const float sb = e8m0(static_cast<uint8_t>(code));
                 // Columns (tokens) of accumulator i: 8 (i / 4) + 2 (lane % 4) + (i % 2).
 #pragma unroll
                 for (int i = 0; i < N / 2; ++i) {
                     const float f = sb * sxs[j * N + 8 * (i / 4) + 2 * (lane % 4) + (i % 2)];
-                    acc0[i] = fmaf(blk0[i], f, acc0[i]);
-                    acc1[i] = fmaf(blk1[i], f, acc1[i]);
+                    acc0[i] = fmaf(d0[i], f, acc0[i]);
+                    acc1[i] = fmaf(d1[i], f, acc1[i]);
+                }
+            };
+            // Two tiles an iteration: the second's MMAs run while the first is scaled; nothing is
+            // in flight across the loop edge (else ptxas serialises the wgmma).
+            for (uint32_t j = 0; j < cnt; j += 2) {
+                issue(j, a0, a1);
+                if (j + 1 < cnt) {
+                    issue(j + 1, b0, b1);
+                    wgmma_wait<1>();
+                    add(j, a0, a1);
+                    wgmma_wait<0>();
+                    add(j + 1, b0, b1);
+                } else {
+                    wgmma_wait<0>();
+                    add(j, a0, a1);
                 }
             }
+            // Every tile has landed and been read: the ring's first bytes take the outputs.
+            named_barrier(2, 128);
             // Rows (W) of accumulator i: 16 cwarp + lane / 4 (+ 8 for i % 4 >= 2), + 64 for acc1.
 #pragma unroll
             for (int i = 0; i < N / 2; ++i) {
@@ -820,31 +861,88 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
         }
     }
     __syncthreads();
-    // Out through shared memory: consecutive threads write consecutive rows of y.
+    // Out through shared memory: consecutive threads write consecutive rows of y (or of the partial).
+    if (gridDim.y == 1) {
+        for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
+            const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
+            if (t < m && row < n) y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(red[r * N + t]);
+        }
+        return;
+    }
     for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
         const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
-        if (t < m && row < n) y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(red[r * N + t]);
+        if (t < m && row < n) part[(static_cast<size_t>(blockIdx.y) * m + t) * n + row] = red[r * N + t];
     }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_split = atomicAdd(&counters[rb], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last_split) return;
+    __threadfence();
+    for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
+        const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
+        if (t >= m || row >= n) continue;
+        float sum = 0.f;
+        for (uint32_t sp = 0; sp < gridDim.y; ++sp) sum += __ldcg(&part[(static_cast<size_t>(sp) * m + t) * n + row]);
+        y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(sum);
+    }
+    if (threadIdx.x == 0) counters[rb] = 0;  // ready for the next launch (which waits for this grid)
 }
 
 }  // namespace
 #endif
 
 #if DI_SM90
-#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, m, n, k, stages)
+#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per)
 #else
 #define DI_DEC_BODY(N) __trap()
 #endif
 
 // map_w: W bytes [n, k] (box 128 rows x 128, 128-byte swizzle); x bf16 [m, k]; sw [ceil(n / 128),
-// k / 128] ue8m0; y [m, n]. m <= N, k % 128 == 0, n % 16 == 0; a block per 128 rows of W; `stages`
-// W tiles in flight (the launcher sizes shared memory).
+// k / 128] ue8m0; y [m, n]. m <= N, k % 128 == 0, n % 16 == 0. Grid (ceil(n / 128), splits): a block
+// per 128 rows of W and `per` k blocks (splits = ceil(k / 128 / per)); `stages` W tiles in flight
+// (the launcher sizes shared memory). With splits > 1: part [splits, m, n] fp32 scratch and
+// counters [ceil(n / 128)] zeros (left zero).
 #define DI_GEMM_FP8_DEC(N)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) di_gemm_fp8_dec_n##N(                                  \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ sw, \
-        __nv_bfloat16* __restrict__ y, uint32_t m, uint32_t n, uint32_t k, uint32_t stages) {                     \
+        __nv_bfloat16* __restrict__ y, float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,      \
+        uint32_t n, uint32_t k, uint32_t stages, uint32_t per) {                                                  \
         DI_DEC_BODY(N);                                                                                          \
     }
 
 DI_GEMM_FP8_DEC(8)
 DI_GEMM_FP8_DEC(16)
+
+// HBM streaming probe for the decode benchmarks: reads n16 16-byte words (four loads in flight a
+// thread, grid-stride, evict-first), all issued before waiting for the grid before it (programmatic
+// dependent launch), then xors them into *out. A batch of these over rotating buffers times what
+// merely reading a weight's bytes costs, with or without the launch overlap the decode GEMMs use.
+extern "C" __global__ void __launch_bounds__(512) di_probe_read(const uint4* __restrict__ p, uint64_t n16,
+                                                               uint32_t* __restrict__ out) {
+    pdl_launch_dependents();
+    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    uint32_t acc = 0;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n16; i += stride) {
+        const uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+    __shared__ uint32_t warps[16];
+    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = acc;
+    __syncthreads();
+    pdl_wait();
+    if (threadIdx.x == 0) {  // one atomic a block (one a warp queued ~8k on one L2 address: ~5 us)
+        for (uint32_t w = 1; w < blockDim.x / 32; ++w) acc ^= warps[w];
+        atomicXor(out, acc);
+    }
+}

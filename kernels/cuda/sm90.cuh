@@ -17,6 +17,15 @@ struct alignas(64) DiTmaMap {
     uint64_t opaque[16];
 };
 
+// Programmatic dependent launch (sm_90 and later). A grid launched with the programmatic stream
+// serialization attribute may start while the grid before it in the stream still runs, once every
+// block of that grid has called pdl_launch_dependents() (or exited). It must call pdl_wait(), which
+// returns when the grid before it has completed and its writes are visible, before it reads
+// anything that grid may have written or writes anything it may read. Without the attribute both
+// return at once, so a kernel that uses them runs either way.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 #if DI_SM90
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }

@@ -193,6 +193,8 @@ fn gemm_case(
         format!("di_gemm_fp8q_packed_n{}", if m <= 8 { 8 } else { 16 })
     } else {
         let name = ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default();
+        let forced = ops::fp8_dec_stages();
+        let name = if forced > 0 && name.starts_with("di_gemm_fp8_dec") { format!("{name}/s{forced}") } else { name };
         match ops::wgmma_k_splits(s, &p) {
             Some(splits) if splits > 1 => format!("{name}/k{splits}"),
             _ => name,
@@ -228,6 +230,16 @@ fn gemm_case(
         i += 1;
         run(s, &xb, &ws[i % copies], &scb, &mut y)
     });
+    // The kernels launched with programmatic dependent launch, timed again without it.
+    let ms_queued_serial = kernel.starts_with("di_gemm_fp8_dec").then(|| {
+        ops::set_pdl(false);
+        let t = time_batched_ms(s, Some(&mut filler), || {
+            i += 1;
+            run(s, &xb, &ws[i % copies], &scb, &mut y)
+        });
+        ops::set_pdl(true);
+        t
+    });
     drop(filler);
     drop(ws);
     let floor_ms = (wb + sb) as f64 / GEMM_FLOOR_BYTES_PER_S * 1e3;
@@ -242,8 +254,9 @@ fn gemm_case(
         ops::gemm_bf16(s, &xb, &wbs[j % bcopies], &mut y, &pb).unwrap()
     });
     let floor_bf16 = (2 * n * k) as f64 / GEMM_FLOOR_BYTES_PER_S * 1e3;
+    let serial = ms_queued_serial.map_or(String::new(), |t| format!(", without PDL {t:.4} ms, {:.3}", floor_ms / t));
     println!(
-        "gemm {what:<22} {:<20} {f:?} m={m:<2} n={n:<5} k={k:<5} {:>7.2} MB  median {ms:>7.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3} (GPU-queued {ms_queued:.4} ms, {:.3}) | cuBLASLt bf16 {ms_bf16:.4} ms (achieved/floor {:.3}) ours/cuBLASLt speed {:.2}x  rel_err {rel:.1e}",
+        "gemm {what:<22} {:<20} {f:?} m={m:<2} n={n:<5} k={k:<5} {:>7.2} MB  median {ms:>7.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3} (GPU-queued {ms_queued:.4} ms, {:.3}{serial}) | cuBLASLt bf16 {ms_bf16:.4} ms (achieved/floor {:.3}) ours/cuBLASLt speed {:.2}x  rel_err {rel:.1e}",
         kernel,
         (wb + sb) as f64 / 1e6,
         floor_ms / ms,
@@ -256,7 +269,41 @@ fn gemm_case(
         "quantize_x": p.quantize_x != 0, "weight_and_scale_bytes": wb + sb, "median_ms": ms, "floor_ms": floor_ms,
         "achieved_over_floor": floor_ms / ms, "gpu_queued_ms": ms_queued, "gpu_queued_achieved_over_floor": floor_ms / ms_queued,
         "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_achieved_over_floor": floor_bf16 / ms_bf16,
-        "speedup_over_cublaslt_bf16": ms_bf16 / ms, "rel_err_vs_cpu": rel})
+        "speedup_over_cublaslt_bf16": ms_bf16 / ms, "rel_err_vs_cpu": rel,
+        "gpu_queued_without_pdl_ms": ms_queued_serial,
+        "gpu_queued_without_pdl_achieved_over_floor": ms_queued_serial.map(|t| floor_ms / t)})
+}
+
+/// What merely reading `bytes` costs: `ops::probe_read` over rotating buffers (HBM), in batches as
+/// the decode GEMMs (GPU-queued), with and without programmatic dependent launch. The ceiling the
+/// decode GEMMs of that many weight bytes can reach in this harness.
+fn probe_case(s: &Stream, what: &str, bytes: usize) -> serde_json::Value {
+    let bytes = bytes.next_multiple_of(16);
+    let copies = GEMM_STREAM_BYTES.div_ceil(bytes).max(2);
+    let bufs: Vec<_> = (0..copies).map(|_| s.zeros::<u8>(bytes).unwrap()).collect();
+    let mut out = s.zeros::<i32>(1).unwrap();
+    let mut filler = filler(s);
+    let mut i = 0;
+    let mut time = |pdl: bool| {
+        ops::set_pdl(pdl);
+        let t = time_batched_ms(s, Some(&mut filler), || {
+            i += 1;
+            ops::probe_read(s, &bufs[i % copies], &mut out).unwrap()
+        });
+        ops::set_pdl(true);
+        t
+    };
+    let (ms, ms_serial) = (time(true), time(false));
+    let floor_ms = bytes as f64 / GEMM_FLOOR_BYTES_PER_S * 1e3;
+    println!(
+        "probe_read {what:<22} {:>7.2} MB  GPU-queued {ms:.4} ms ({:.3} of the floor), without PDL {ms_serial:.4} ms ({:.3})",
+        bytes as f64 / 1e6,
+        floor_ms / ms,
+        floor_ms / ms_serial
+    );
+    serde_json::json!({"op": "probe_read", "weights": what, "bytes": bytes, "floor_ms": floor_ms,
+        "gpu_queued_ms": ms, "gpu_queued_achieved_over_floor": floor_ms / ms,
+        "gpu_queued_without_pdl_ms": ms_serial, "gpu_queued_without_pdl_achieved_over_floor": floor_ms / ms_serial})
 }
 
 /// FP8 matrix-unit rate used as the prefill floor: twice the 790 TFLOP/s bf16 rate measured on
@@ -339,10 +386,11 @@ fn main() {
     };
     let s = dev.default_stream();
     let mut rng = SplitMix(0x5eed);
-    // DEEPINFER_BENCH_ONLY=TEXT runs only the GEMM cases whose label ("gemm attn.wo_b m=1",
-    // "prefill attn.wq_b") contains TEXT (for profiling one kernel under ncu).
+    // DEEPINFER_BENCH_ONLY=TEXT[,TEXT..] runs only the GEMM and probe cases whose label ("gemm
+    // attn.wo_b m=1", "prefill attn.wq_b", "probe attn.wq_b") contains one of the TEXTs (for
+    // profiling one kernel under ncu).
     let only = std::env::var("DEEPINFER_BENCH_ONLY").ok();
-    let wanted = |label: &str| only.as_deref().is_none_or(|o| label.contains(o));
+    let wanted = |label: &str| only.as_deref().is_none_or(|o| o.split(',').any(|t| label.contains(t)));
     let results = if only.is_some() {
         Vec::new()
     } else {
@@ -367,6 +415,13 @@ fn main() {
         (Fp4Row32, "experts.w1", 2048, 4096),
         (Fp4Row32, "experts.w2", 4096, 2048),
     ];
+    // What reading each weight's bytes alone costs in the same harness.
+    for (f, what, n, k) in shapes {
+        if wanted(&format!("probe {what}")) {
+            let (wb, sb) = f.bytes(n, k);
+            results.push(probe_case(&s, what, wb + sb));
+        }
+    }
     for m in [1u32, 4, 16] {
         for (f, what, n, k) in shapes {
             if !wanted(&format!("gemm {what} m={m}")) {
@@ -394,6 +449,27 @@ fn main() {
                 ops::set_fp8_mma_decode(false);
                 results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Fp4Quantized));
                 ops::set_fp8_mma_decode(true);
+            }
+        }
+    }
+    // The Hopper decode kernel's W tiles in flight per block (the plan's choice is four when the
+    // blocks take two waves' worth of slots, eight in one wave): each forced value on the 32 MB
+    // weights (fewer stages leave room for the next launch's blocks beside the running ones).
+    for (f, what, n, k) in shapes.into_iter().filter(|s| s.2 * s.3 >= 32 << 20) {
+        for m in [1u32, 16] {
+            for stages in [2u32, 3, 4, 5, 6] {
+                if !wanted(&format!("gemm-stages {what} m={m} s={stages}")) {
+                    continue;
+                }
+                ops::set_fp8_dec_stages(stages);
+                if ops::gemm_lowp_cuda_kernel(&s, f, &GemmParams::new(m, n as u32, k as u32, true))
+                    .is_some_and(|k| k.starts_with("di_gemm_fp8_dec"))
+                {
+                    let mut r = gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain);
+                    r["dec_stages"] = stages.into();
+                    results.push(r);
+                }
+                ops::set_fp8_dec_stages(0);
             }
         }
     }

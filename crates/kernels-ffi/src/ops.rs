@@ -189,6 +189,30 @@ pub fn gemm_lowp(
     }
 }
 
+/// Reads every byte of `buf` and xors its little-endian 32-bit words into `out[0]`: the memory
+/// streaming probe the decode GEMM benchmark times beside the GEMMs (what merely reading a weight's
+/// bytes costs on this GPU, with or without programmatic dependent launch: [`set_pdl`]). The CPU
+/// computes the same value. `buf`'s length must be a multiple of 16.
+pub fn probe_read(stream: &Stream, buf: &DeviceBuffer<u8>, out: &mut DeviceBuffer<i32>) -> Result<()> {
+    const OP: &str = "probe_read";
+    if !buf.len().is_multiple_of(16) {
+        return Err(FfiError::shape(OP, "buf", format!("holds {} bytes, not a multiple of 16", buf.len())));
+    }
+    check_len(OP, "out", out, 1)?;
+    stream.check_on(OP, "buf", buf)?;
+    stream.check_on(OP, "out", out)?;
+    match (&buf.storage, &mut out.storage) {
+        (Storage::Host(b), Storage::Host(o)) => {
+            o[0] ^= b.chunks_exact(4).fold(0i32, |a, w| a ^ i32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(_), Storage::Cuda(_)) => crate::cuda::launch::probe_read(stream, buf, out),
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified both buffers are on the stream's device"),
+    }
+}
+
 /// FP8 activations for [`gemm_fp8_act`]: the first `rows` rows of x [.., k] (k a multiple of 128)
 /// as e4m3 codes `xq` [rows, k] and one power-of-two scale per 1x128 block `sx` [rows, k / 128]: the
 /// official activation quantisation, the one [`gemm_lowp`] applies itself with `quantize_x`
@@ -453,13 +477,40 @@ kernel_switch!(
     fp8_wgmma_pipelined
 );
 
-/// The k splits of the Hopper wgmma GEMM (`di_gemm_fp8_wgmma*`) for this shape on `stream`'s GPU;
+kernel_switch!(
+    PDL,
+    /// Whether the kernels written for it (the Hopper decode GEMM `di_gemm_fp8_dec_*` and
+    /// [`probe_read`]) are launched with programmatic dependent launch (the default): a grid may then
+    /// start while the grid before it in the stream finishes, and stream its weights before it waits
+    /// for that grid's outputs. A process-wide switch for A/B benchmarks; results are the same bits.
+    set_pdl,
+    pdl
+);
+
+static FP8_DEC_STAGES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// W tiles in flight per block of the Hopper decode GEMM (`di_gemm_fp8_dec_*`): 0 (the default)
+/// lets the plan choose (eight in one wave, else four); another value forces that many (at most
+/// the block's tiles). A process-wide knob for benchmarks; results are the same bits.
+pub fn set_fp8_dec_stages(stages: u32) {
+    FP8_DEC_STAGES.store(stages, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The value [`set_fp8_dec_stages`] set.
+pub fn fp8_dec_stages() -> u32 {
+    FP8_DEC_STAGES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The k splits of the Hopper wgmma GEMMs (`di_gemm_fp8_wgmma*`, `di_gemm_fp8_dec_*`) for this shape on `stream`'s GPU;
 /// `None` where that kernel does not run (CPU, other GPUs, other shapes).
 pub fn wgmma_k_splits(stream: &Stream, p: &GemmParams) -> Option<u32> {
     match stream.device() {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(b) => {
             let kernel = gemm_lowp_cuda_kernel(stream, WeightFormat::Fp8Block128, p)?;
+            if kernel.starts_with("di_gemm_fp8_dec") {
+                return crate::cuda::wgmma::dec_plan(p.m, p.n, p.k, b.sm_count()).map(|plan| plan.splits);
+            }
             kernel.starts_with("di_gemm_fp8_wgmma").then(|| {
                 let form = crate::cuda::wgmma::gemm_wgmma_form(p.m, p.k);
                 crate::cuda::wgmma::gemm_wgmma_splits(form, p.m, p.n, p.k, b.sm_count())

@@ -167,3 +167,38 @@ proptest! {
         prop_assert_eq!(s.download(&got).unwrap(), s.download(&want).unwrap());
     }
 }
+
+proptest! {
+    /// The streaming probe xors into what `out` held, so probing two buffers one after the other
+    /// gives what probing their concatenation gives, and probing a buffer twice restores `out`.
+    #[test]
+    fn probe_read_xors_words_into_out(
+        a in prop::collection::vec(any::<[u8; 16]>(), 0..40),
+        b in prop::collection::vec(any::<[u8; 16]>(), 0..40),
+        start in any::<i32>(),
+    ) {
+        let s = deepinfer_kernels_ffi::Device::cpu().default_stream();
+        let (a, b): (Vec<u8>, Vec<u8>) = (a.concat(), b.concat());
+        let probe = |bytes: &[u8], out: i32| {
+            let buf = s.upload(bytes).unwrap();
+            let mut o = s.upload(&[out]).unwrap();
+            deepinfer_kernels_ffi::ops::probe_read(&s, &buf, &mut o).unwrap();
+            s.download(&o).unwrap()[0]
+        };
+        let joined: Vec<u8> = a.iter().chain(&b).copied().collect();
+        prop_assert_eq!(probe(&b, probe(&a, start)), probe(&joined, start));
+        prop_assert_eq!(probe(&a, probe(&a, start)), start);
+    }
+}
+
+/// The probe refuses a length that is not a multiple of 16 (naming `buf`) and an empty `out`.
+#[test]
+fn probe_read_names_bad_fields() {
+    let s = deepinfer_kernels_ffi::Device::cpu().default_stream();
+    let mut out = s.upload(&[0i32]).unwrap();
+    let err = deepinfer_kernels_ffi::ops::probe_read(&s, &s.upload(&[0u8; 24]).unwrap(), &mut out).unwrap_err();
+    assert!(err.to_string().contains("buf"), "{err}");
+    let mut empty = s.upload::<i32>(&[]).unwrap();
+    let err = deepinfer_kernels_ffi::ops::probe_read(&s, &s.upload(&[0u8; 32]).unwrap(), &mut empty).unwrap_err();
+    assert!(err.to_string().contains("out"), "{err}");
+}

@@ -210,6 +210,92 @@ fn gpu_gemm_fp8_act_matches_gemm_lowp() {
     }
 }
 
+/// Decode GEMMs launched back to back with programmatic dependent launch, each reading the one
+/// before it: y1 = W1 x, y2 = W2 y1, ... over narrow W (k split inside the launch) and wide W (one
+/// split), five times with a fresh x each time and no synchronisation in between. A kernel that read
+/// its input before the grid before it had finished would see the NaN poison or the previous
+/// round's values; instead every output equals, bit for bit, the same chain launched without the
+/// overlap, and each stage is within the GEMM tolerance of the CPU on its input.
+#[test]
+fn gpu_decode_gemm_chain_with_pdl_matches_serial_launches() {
+    let Some(dev) = cuda_device_or_skip("gpu_decode_gemm_chain_with_pdl_matches_serial_launches") else { return };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let f = ops::WeightFormat::Fp8Block128;
+    // (n, k): y_i [m, n_i] feeds stage i + 1 (k_{i+1} = n_i).
+    let stages = [(4096usize, 1024usize), (1024, 4096), (16384, 1024), (1024, 16384)];
+    let weights: Vec<_> = stages.iter().map(|&(n, k)| lowp_weights(&mut rng, f, n, k)).collect();
+    let wdev: Vec<_> = weights.iter().map(|(w, sc)| (gpu.upload(w).unwrap(), gpu.upload(sc).unwrap())).collect();
+    for m in [1u32, 7, 16] {
+        let xs: Vec<Vec<bf16>> = (0..5).map(|_| to(&rng.vec(m as usize * stages[0].1))).collect();
+        let run = |pdl: bool| -> Vec<Vec<f32>> {
+            ops::set_pdl(pdl);
+            let xb: Vec<_> = xs.iter().map(|x| gpu.upload(x).unwrap()).collect();
+            let mut ys: Vec<_> = stages
+                .iter()
+                .map(|&(n, _)| gpu.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap())
+                .collect();
+            gpu.synchronize().unwrap();
+            for x in &xb {
+                for (i, &(n, k)) in stages.iter().enumerate() {
+                    let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
+                    let (done, rest) = ys.split_at_mut(i);
+                    let input = if i == 0 { x } else { &done[i - 1] };
+                    ops::gemm_lowp(&gpu, f, input, &wdev[i].0, &wdev[i].1, &mut rest[0], &p).unwrap();
+                }
+            }
+            ops::set_pdl(true);
+            ys.iter().map(|y| from(&gpu.download(y).unwrap())).collect()
+        };
+        let overlapped = run(true);
+        let serial = run(false);
+        let mut input: Vec<bf16> = xs[4].clone();
+        for (i, &(n, k)) in stages.iter().enumerate() {
+            let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
+            let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
+            let splits = ops::wgmma_k_splits(&gpu, &p).unwrap_or(1);
+            assert_eq!(overlapped[i], serial[i], "stage {i} ({kernel}/k{splits}) m={m}: PDL changed the output");
+            let want = gemm_on(&cpu, f, &input, &weights[i].0, &weights[i].1, &p);
+            let (rel, max) = rel_err(&serial[i], &want);
+            println!("parity decode chain stage {i} {kernel}/k{splits} m={m} n={n} k={k}: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+            assert!(rel < BF16_TOL, "chain stage {i} m={m}: rel_err {rel:e}");
+            input = to(&serial[i]);
+        }
+    }
+}
+
+/// The streaming probe's xor on the GPU (with and without programmatic dependent launch) equals
+/// the CPU's, and a length that is not a multiple of 16 is refused naming `buf`.
+#[test]
+fn gpu_probe_read_matches_cpu() {
+    let Some(dev) = cuda_device_or_skip("gpu_probe_read_matches_cpu") else { return };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    let mut rng = SplitMix(fresh_seed());
+    for len in [16usize, 4096 + 48, (1 << 20) + 16 * (rng.next_u64() % 1000) as usize] {
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        let probe = |s: &Stream| {
+            let b = s.upload(&bytes).unwrap();
+            let mut out = s.upload(&[0x5a5ai32]).unwrap();
+            ops::probe_read(s, &b, &mut out).unwrap();
+            s.download(&out).unwrap()[0]
+        };
+        let want = probe(&cpu);
+        for pdl in [true, false] {
+            ops::set_pdl(pdl);
+            assert_eq!(probe(&gpu), want, "probe_read len={len} pdl={pdl}");
+        }
+        ops::set_pdl(true);
+    }
+    let b = gpu.upload(&[0u8; 20]).unwrap();
+    let mut out = gpu.upload(&[0i32]).unwrap();
+    let err = ops::probe_read(&gpu, &b, &mut out).unwrap_err().to_string();
+    assert!(err.contains("buf"), "{err}");
+}
+
 /// Decode GEMMs with FP8 (with and without activation quantisation) and FP4 weights, every batch
 /// tile (m = 1..16), odd n and k that are not multiples of the k tile, CUDA-core and tensor-core
 /// kernels (split over k and not). Tolerance: both sides sum
@@ -269,7 +355,8 @@ fn gpu_gemm_lowp_matches_cpu() {
             let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
             let want = gemm_on(&cpu, f, &x, &w, &sc, &p);
             // On a Hopper the default is the wgmma decode kernel (di_gemm_fp8_dec_*, x quantised
-            // inside, k split over a cluster); with the switch off, the mma.sync kernel.
+            // inside; narrow W splits k over blocks whose partials the last one adds); with the
+            // switch off, the mma.sync kernel.
             let kernel_dec = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
             let got_dec = gemm_on(&gpu, f, &x, &w, &sc, &p);
             let (rel, max) = rel_err(&got_dec, &want);

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 use super::libraries;
@@ -24,6 +24,18 @@ pub struct CudaBackend {
     capability: (i32, i32),
     /// Streaming multiprocessors: the grid of persistent kernels.
     sm_count: u32,
+    /// The split decode GEMM's scratch per stream, made on first use and grown on demand.
+    split_scratch: Mutex<Vec<(Arc<CudaStream>, SplitScratch)>>,
+}
+
+/// Scratch of a GEMM whose k splits add up inside the launch (`di_gemm_fp8_dec_*` with several
+/// splits): fp32 partial sums, and a counter per row block that the last block of the row block
+/// leaves at zero for the next launch. Kept per stream (launches on one stream are ordered) and
+/// not allocated per call, so no allocation sits between two launches that overlap
+/// (programmatic dependent launch).
+pub(crate) struct SplitScratch {
+    pub partial: CudaSlice<f32>,
+    pub counters: CudaSlice<u32>,
 }
 
 /// Ops allocate their scratch (quantised activations, split-k partials) with stream-ordered
@@ -70,6 +82,7 @@ impl CudaBackend {
             blas_lt: Mutex::new(Vec::new()),
             capability,
             sm_count: sm_count.max(1) as u32,
+            split_scratch: Mutex::new(Vec::new()),
         }))
     }
 
@@ -135,6 +148,76 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// Runs `f` with `stream`'s split scratch holding at least `floats` partials and `counters`
+    /// zeroed counters (made or grown here, zeroed when made; kernels leave counters at zero).
+    pub(crate) fn with_split_scratch<R>(
+        &self,
+        stream: &Arc<CudaStream>,
+        floats: usize,
+        counters: usize,
+        f: impl FnOnce(&mut SplitScratch) -> Result<R>,
+    ) -> Result<R> {
+        let mut all = lock(&self.split_scratch);
+        let i = match all.iter().position(|(s, _)| Arc::ptr_eq(s, stream)) {
+            Some(i) => i,
+            None => {
+                let scratch = SplitScratch {
+                    partial: stream.alloc_zeros(floats.max(1))?,
+                    counters: stream.alloc_zeros(counters.max(1))?,
+                };
+                all.push((stream.clone(), scratch));
+                all.len() - 1
+            }
+        };
+        let scratch = &mut all[i].1;
+        if scratch.partial.len() < floats {
+            scratch.partial = stream.alloc_zeros(floats)?;
+        }
+        if scratch.counters.len() < counters {
+            scratch.counters = stream.alloc_zeros(counters)?;
+        }
+        f(scratch)
+    }
+
+    /// Launches `f` on `stream` with its arguments as pointers to their values (what `cuLaunchKernelEx`
+    /// takes), with programmatic dependent launch allowed when `pdl`: the grid may then start while
+    /// the grid before it in the stream still runs, so the kernel must call `pdl_wait` (sm90.cuh)
+    /// before it touches anything that grid may write or read.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number, order and types, and point at live
+    /// values; the buffers they reference must stay alive until the kernel has run.
+    pub(crate) unsafe fn launch_ex(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        pdl: bool,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: a zeroed attribute is valid; the id and value set are the documented pair.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(pdl),
+        };
+        // SAFETY: the caller guarantees the arguments; config and attr outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
+        Ok(())
+    }
+
     /// [`CudaBackend::function`] with the function's dynamic shared-memory limit raised to `bytes`
     /// (past the 48 KiB default); the driver call happens once per function, not per launch.
     pub fn function_with_smem(&self, module: &'static str, name: &str, bytes: u32) -> Result<CudaFunction> {

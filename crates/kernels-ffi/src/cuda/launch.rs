@@ -837,6 +837,27 @@ pub(crate) fn gemm_lowp(
     Ok(())
 }
 
+/// `ops::probe_read` on CUDA: four blocks an SM of 512 threads, grid-stride over the 16-byte words,
+/// launched with programmatic dependent launch unless switched off (`ops::set_pdl`).
+pub(crate) fn probe_read(stream: &Stream, buf: &DeviceBuffer<u8>, out: &mut DeviceBuffer<i32>) -> Result<()> {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    let be = backend(stream);
+    let s = stream.cuda_stream("probe_read", "buf")?;
+    let f = be.function("gemm_sm90", "di_probe_read")?;
+    let cfg = LaunchConfig { grid_dim: (4 * be.sm_count(), 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
+    let (mut b_ptr, _b_sync) = buf.cuda().device_ptr(s);
+    let (mut o_ptr, _o_sync) = out.cuda_mut().device_ptr_mut(s);
+    let mut n16 = (buf.len() / 16) as u64;
+    let mut args: [*mut std::ffi::c_void; 3] = [
+        (&mut b_ptr as *mut cudarc::driver::sys::CUdeviceptr).cast(),
+        (&mut n16 as *mut u64).cast(),
+        (&mut o_ptr as *mut cudarc::driver::sys::CUdeviceptr).cast(),
+    ];
+    // SAFETY: di_probe_read takes (const uint4*, uint64_t n16, uint32_t* out); buf holds n16 16-byte
+    // words (the op checked its length), out at least one word; both stay alive until queued.
+    unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
+}
+
 pub(crate) fn gemm_bf16(
     stream: &Stream,
     x: &CudaSlice<half::bf16>,

@@ -371,8 +371,14 @@ mod tests {
     }
 }
 
-/// Shared memory a block of the Hopper decode GEMM may use (227 KiB on sm_90).
-const DEC_SMEM_LIMIT: u32 = 227 * 1024;
+/// Shared memory a block of the Hopper decode GEMM may use: 227 KiB on sm_90, less 1 KiB for the
+/// kernel's static shared memory.
+const DEC_SMEM_LIMIT: u32 = 226 * 1024;
+/// Shared memory a block of the Hopper decode GEMM may use with two blocks an SM (228 KiB an SM,
+/// less 1 KiB reserved and the static shared memory per block).
+const DEC_SMEM_TWO_A_SM: u32 = 228 * 1024 / 2 - 1024 - 64;
+/// The fewest k blocks (16 KiB W tiles) a block of a split decode GEMM streams.
+const DEC_MIN_PER: u32 = 2;
 
 /// How the Hopper decode GEMM (`di_gemm_fp8_dec_n{tokens}`) runs one shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,6 +389,10 @@ pub(crate) struct DecPlan {
     pub stages: u32,
     /// Dynamic shared memory per block.
     pub smem: u32,
+    /// k blocks (128 wide) a block multiplies.
+    pub per: u32,
+    /// Blocks over k per 128-row block of W: ceil(k / 128 / per).
+    pub splits: u32,
 }
 
 impl DecPlan {
@@ -391,28 +401,49 @@ impl DecPlan {
     }
 }
 
-/// The decode plan for y[m, n] = x[m, k] · W[n, k]ᵀ on `sms` SMs, or `None` where the kernel does not
-/// apply: m <= 16, k % 128 == 0, n % 16 == 0, and enough 128-row blocks of W to give at least 7/8 of
-/// the SMs one (wq_b's 256 blocks; shapes with fewer rows keep the mma.sync kernel, which splits k:
-/// splitting k over clusters here was slower, benches/results/2026-11-30-gemm-decode/wgmma). Eight
-/// W tiles in flight when the blocks fit in one wave, four (two blocks an SM) when not.
+/// The decode plan for y[m, n] = x[m, k] · Wᵀ on `sms` SMs, or `None` where the kernel does not
+/// apply: m <= 16, k % 128 == 0, n % 16 == 0, and the shared memory fits. A block per 128-row block of W
+/// where those give at least 7/8 of the SMs one (wq_b's 256); narrower W (wo_b 32, w1 16, wq_a 8)
+/// with up to 8 tokens splits k so there are about two blocks an SM, each streaming at least
+/// `DEC_MIN_PER` tiles, and the last block of each row block adds the partials in split order
+/// inside the launch. Narrow W with 9-16 tokens keeps the mma.sync kernel (on the H200 at 16
+/// tokens the split form took wq_a 14.3 against 12.3 us and shared_experts.w1 15.6 against 13.3;
+/// wo_b 21.1 against 22.3). Eight W
+/// tiles in flight when the blocks fit in one wave; when not, six for up to 8 tokens and four for
+/// 16, with room for two blocks an SM (H200, benches/results/2026-11-30-decode-pdl: at m = 1 six
+/// beat four by 4-18%; at 16 tokens four and five were within 5%, and six, one block an SM, lost a
+/// third).
 pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
     if !(1..=16).contains(&m) || !k.is_multiple_of(128) || k == 0 || !n.is_multiple_of(16) || n == 0 {
         return None;
     }
     let tokens = if m <= 8 { 8 } else { 16 };
     let (rb, nk) = (n.div_ceil(128), k / 128);
-    if 8 * rb < 7 * sms {
+    let wide = 8 * rb >= 7 * sms;
+    if !wide && tokens == 16 {
         return None;
     }
-    let stages = nk.min(if rb > sms { 4 } else { 8 });
-    let smem = 1024 + stages * 16384 + nk * tokens * 128 + nk * tokens * 4 + 128 * tokens * 4 + 2 * stages * 8;
-    (smem <= DEC_SMEM_LIMIT).then_some(DecPlan { tokens, stages, smem })
+    let per = if wide { nk } else { (nk * rb).div_ceil(2 * sms).max(DEC_MIN_PER).min(nk) };
+    let splits = nk.div_ceil(per);
+    // The outputs (128 x tokens fp32) reuse the ring once the MMAs are done.
+    let smem = |stages: u32| 1024 + stages * 16384 + per * tokens * 128 + per * tokens * 4 + 2 * stages * 8;
+    let stages = match crate::ops::fp8_dec_stages() {
+        0 if rb * splits > sms => {
+            let want = if tokens == 8 { 6 } else { 4 };
+            (1..=per.min(want)).rev().find(|s| smem(*s) <= DEC_SMEM_TWO_A_SM).unwrap_or(1)
+        }
+        0 => per.min(8),
+        forced => per.min(forced),
+    };
+    let smem = smem(stages);
+    (smem <= DEC_SMEM_LIMIT).then_some(DecPlan { tokens, stages, smem, per, splits })
 }
 
 /// y = x · Wᵀ with FP8 weights and m <= 16 on the Hopper decode kernel (`dec_plan`): one launch;
-/// the blocks quantise x themselves. The caller checked x [m, k], w [n, k], scale, y [m, n] and
-/// that the GPU is sm_90 with `plan` from `dec_plan`.
+/// the blocks quantise x themselves, and with several splits add their partials through the
+/// stream's split scratch. Launched with programmatic dependent launch unless switched off
+/// ([`crate::ops::set_pdl`]). The caller checked x [m, k], w [n, k], scale, y [m, n] and that the
+/// GPU is sm_90 with `plan` from `dec_plan`.
 pub(crate) fn gemm_fp8_dec_launch(
     stream: &Stream,
     x: &DeviceBuffer<half::bf16>,
@@ -426,26 +457,39 @@ pub(crate) fn gemm_fp8_dec_launch(
     let s = stream.cuda_stream("gemm_lowp", "x")?;
     let f = be.function_with_smem("gemm_sm90", &plan.kernel(), plan.smem)?;
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
-    let map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, 128)?;
-    let cfg = LaunchConfig { grid_dim: (p.n.div_ceil(128), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: plan.smem };
-    // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, m, n, k, stages); the map describes w [n, k]
-    // bytes (alive until queued: its sync guard); x [m, k] bf16, scale [ceil(n / 128), k / 128] and
-    // y [m, n] were checked by the op; m <= tokens, k % 128 == 0, n % 16 == 0; a block per 128-row
-    // block of W, and the shared memory holds `stages` tiles plus x, its scales and the outputs
-    // (dec_plan's formula).
-    unsafe {
-        s.launch_builder(&f)
-            .arg(&map_w)
-            .arg(x.cuda())
-            .arg(scale.cuda())
-            .arg(y.cuda_mut())
-            .arg(&p.m)
-            .arg(&p.n)
-            .arg(&p.k)
-            .arg(&plan.stages)
-            .launch(cfg)
-    }?;
-    Ok(())
+    let mut map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, 128)?;
+    let rb = p.n.div_ceil(128);
+    let cfg = LaunchConfig { grid_dim: (rb, plan.splits, 1), block_dim: (256, 1, 1), shared_mem_bytes: plan.smem };
+    let floats = if plan.splits > 1 { (plan.splits * p.m * p.n) as usize } else { 0 };
+    be.with_split_scratch(s, floats, rb as usize, |scratch| {
+        let (mut x_ptr, _x_sync) = x.cuda().device_ptr(s);
+        let (mut s_ptr, _s_sync) = scale.cuda().device_ptr(s);
+        let (mut y_ptr, _y_sync) = y.cuda_mut().device_ptr_mut(s);
+        let (mut part, _p_sync) = scratch.partial.device_ptr_mut(s);
+        let (mut counters, _c_sync) = scratch.counters.device_ptr_mut(s);
+        let (mut m, mut n, mut k, mut stages, mut per) = (p.m, p.n, p.k, plan.stages, plan.per);
+        let mut args: [*mut std::ffi::c_void; 11] = [
+            (&mut map_w as *mut TmaMap).cast(),
+            (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
+            (&mut s_ptr as *mut sys::CUdeviceptr).cast(),
+            (&mut y_ptr as *mut sys::CUdeviceptr).cast(),
+            (&mut part as *mut sys::CUdeviceptr).cast(),
+            (&mut counters as *mut sys::CUdeviceptr).cast(),
+            (&mut m as *mut u32).cast(),
+            (&mut n as *mut u32).cast(),
+            (&mut k as *mut u32).cast(),
+            (&mut stages as *mut u32).cast(),
+            (&mut per as *mut u32).cast(),
+        ];
+        // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, part, counters, m, n, k, stages, per),
+        // in this order and these types; the map describes w [n, k] bytes (alive until queued: its
+        // sync guard); x [m, k] bf16, scale [ceil(n / 128), k / 128] and y [m, n] were checked by
+        // the op; m <= tokens, k % 128 == 0, n % 16 == 0; the grid is (row blocks, splits) with
+        // splits = ceil(k / 128 / per); the shared memory holds `stages` tiles plus x, its scales and
+        // the outputs (dec_plan's formula); the scratch holds splits x m x n partials and a zeroed
+        // counter per row block, and is used by this stream only.
+        unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
+    })
 }
 
 #[cfg(test)]
@@ -453,24 +497,37 @@ mod dec_tests {
     use super::*;
 
     #[test]
-    fn decode_plans_only_shapes_that_fill_the_sms_and_fit_shared_memory() {
-        // wq_b: 256 row blocks, two blocks an SM, four tiles in flight.
+    fn decode_plans_split_k_for_narrow_w_and_fit_shared_memory() {
+        // wq_b: 256 row blocks, two blocks an SM, six (8 tokens) or four (16) tiles in flight, no split.
         let wq_b = dec_plan(4, 32768, 1024, 132).unwrap();
-        assert_eq!((wq_b.tokens, wq_b.stages), (8, 4));
-        assert!(wq_b.smem * 2 <= 228 * 1024);
-        assert_eq!(dec_plan(16, 32768, 1024, 132).unwrap().tokens, 16);
-        // wo_b (32 row blocks), shared_experts.w1 (16): the mma.sync kernel.
-        assert_eq!(dec_plan(1, 4096, 8192, 132), None);
-        assert_eq!(dec_plan(1, 2048, 4096, 132), None);
+        assert_eq!((wq_b.tokens, wq_b.stages, wq_b.splits, wq_b.per), (8, 6, 1, 8));
+        assert!(wq_b.smem <= DEC_SMEM_TWO_A_SM);
+        let wq_b16 = dec_plan(16, 32768, 1024, 132).unwrap();
+        assert_eq!((wq_b16.tokens, wq_b16.stages), (16, 4));
+        assert!(wq_b16.smem <= DEC_SMEM_TWO_A_SM);
+        // wo_b (32 row blocks x 64 k blocks): 8 splits of 8, 256 blocks.
+        let wo_b = dec_plan(1, 4096, 8192, 132).unwrap();
+        assert_eq!((wo_b.splits, wo_b.per, wo_b.stages), (8, 8, 6));
+        // shared_experts.w1 (16 x 32) and wq_a (8 x 32): at least two tiles a block.
+        let w1 = dec_plan(1, 2048, 4096, 132).unwrap();
+        assert_eq!((w1.splits, w1.per, w1.stages), (16, 2, 2));
+        let wq_a = dec_plan(8, 1024, 4096, 132).unwrap();
+        assert_eq!((wq_a.splits, wq_a.per), (16, 2));
+        // Narrow W with more than 8 tokens: the mma.sync kernel.
+        assert_eq!(dec_plan(9, 1024, 4096, 132), None);
+        assert_eq!(dec_plan(16, 4096, 8192, 132), None);
         assert_eq!(dec_plan(17, 32768, 1024, 132), None);
         assert_eq!(dec_plan(4, 32768, 1000, 132), None);
         // 120 row blocks give 7/8 of 132 SMs a block, one wave: eight tiles in flight.
-        assert_eq!(dec_plan(1, 120 * 128, 2048, 132).map(|p| p.stages), Some(8));
+        assert_eq!(dec_plan(1, 120 * 128, 2048, 132).map(|p| (p.stages, p.splits)), Some((8, 1)));
         for m in 1..=16u32 {
             for n in [16u32, 1024, 16384, 32768, 65536] {
                 for k in [128u32, 512, 1024, 4096, 8192, 65536] {
                     let Some(pl) = dec_plan(m, n, k, 132) else { continue };
                     assert!(pl.smem <= DEC_SMEM_LIMIT && m <= pl.tokens && pl.stages >= 1);
+                    // Every split has k blocks and together they cover k exactly once.
+                    let nk = k / 128;
+                    assert!(pl.per >= 1 && pl.per <= nk && (pl.splits - 1) * pl.per < nk && pl.splits * pl.per >= nk);
                 }
             }
         }
