@@ -174,6 +174,9 @@ pub fn forward(
             gemm_lowp(stream, sh.format, x, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &p)?;
         }
         ops::swiglu(stream, &ws.shared_g, &ws.shared_u, &mut ws.shared_h, None, t, i, w.limit, true)?;
+        // shared_h is on the FP8 grid already (as h above), so the activation quantisation changes
+        // no value; asking for it lets the FP8 x FP8 kernels take the down GEMM (on Hopper the
+        // decode kernel up to 16 tokens, the wgmma kernel past 32) instead of the bf16-expanding ones.
         gemm_lowp(
             stream,
             sh.format,
@@ -181,7 +184,7 @@ pub fn forward(
             &sh.w2.0,
             &sh.w2.1,
             &mut ws.shared_y,
-            &GemmParams::new(t, d, i, false),
+            &GemmParams::new(t, d, i, sh.format == WeightFormat::Fp8Block128),
         )?;
     }
     let shared = w.shared.as_ref().map(|_| &ws.shared_y);
