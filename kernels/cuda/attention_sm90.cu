@@ -7,7 +7,9 @@
 // Block: three warpgroups. Warpgroup 0 gathers: its 128 threads copy the query rows and then each
 // 64-key tile (the rows named by key_rows, 1 KB each) with cp.async into 128-byte-swizzled shared
 // memory (eight 8 KB column chunks of 64 rows x 64 bf16), two stages, signalled through mbarriers
-// (cp.async.mbarrier.arrive). Warpgroups 1 and 2 take turns (FlashMLA's arrangement): the owner
+// (cp.async.mbarrier.arrive). A tile whose 64 rows are consecutive in the pool (a whole page of a
+// paged cache: HCA's compressed rows) is instead eight TMA boxes issued by one thread (map_kv:
+// the pool as bytes [pool_rows, 1024], boxes of 64 rows x 128 bytes), when tma_runs is set. Warpgroups 1 and 2 take turns (FlashMLA's arrangement): the owner
 // of tile t (warpgroup 1 + t % 2) computes
 //   S = Q K^T   wgmma m64n64k16 over the whole 64-key tile and all 512 dims;
 //   softmax     from the running max and sum the other warpgroup left after tile t - 1, writing
@@ -73,7 +75,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                                                float* __restrict__ ml_part, int32_t* __restrict__ status,
                                                uint32_t heads, uint32_t max_keys, uint32_t pool_rows,
                                                uint32_t tiles_per_split, float scale, uint32_t seqs,
-                                               const DiTmaMap& map_out) {
+                                               const DiTmaMap& map_out, const DiTmaMap& map_kv, uint32_t tma_runs) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* q_s = base;
@@ -111,6 +113,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     if (wg == 0) {
         setmaxnreg_dec<40>();
         const uint32_t t = threadIdx.x;
+        if (t == 0 && tma_runs) tma_prefetch_map(&map_kv);
         uint32_t g = 0;  // key tiles of this block so far (all its sequences): stage g % STAGES
         for (uint32_t b = blockIdx.x, qi = 0; b < seqs; b += gridDim.x, ++qi) {
             uint32_t k_begin, k_end, tiles;
@@ -130,21 +133,39 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
             // idx[s] also tells the math warpgroups which keys are real: thread 0's plain arrival
             // on full[s] (after the barrier that orders the index stores) publishes it.
+            // next0: the tile's first row, which threads 0-63 also load (one address a warp).
             int32_t next = t < KT ? row_of(k_begin + t) : -1;
+            int32_t next0 = t < KT ? row_of(k_begin) : -1;
             for (uint32_t it = 0; it < tiles; ++it, ++g) {
                 const uint32_t s = g % STAGES;
                 mbar_wait(&empty[s], ((g / STAGES) & 1) ^ 1);
                 int32_t* ix = idx + s * KT;
                 if (t < KT) ix[t] = next;
-                named_barrier(2, 128);
-                if (t == 0) mbar_arrive(&full[s]);
-                if (t < KT) next = row_of(k_begin + (it + 1) * KT + t);
+                // A tile of 64 consecutive pool rows (a page of a paged cache) loads by TMA: eight
+                // 64-row x 128-byte boxes in the same swizzled layout, one thread, the bytes counted
+                // on full[s]; any other tile is gathered row by row.
+                const bool mine = t >= KT || (next >= 0 && next == next0 + static_cast<int32_t>(t));
+                const bool run = named_barrier_and(2, 128, mine) && tma_runs != 0;
+                const int32_t first = next0;
+                if (t == 0) {
+                    if (run) mbar_expect_tx(&full[s], TILE);
+                    mbar_arrive(&full[s]);
+                }
+                if (t < KT) {
+                    next = row_of(k_begin + (it + 1) * KT + t);
+                    next0 = row_of(k_begin + (it + 1) * KT);
+                }
                 uint8_t* dst = k_s + s * TILE;
+                if (run) {
+                    if (t == 0)
+                        for (int c = 0; c < D / 64; ++c) tma_load_2d(dst + c * CHUNK, &map_kv, c * 128, first, &full[s]);
+                } else {
 #pragma unroll 8
-                for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
-                    const uint32_t j = 2 * i + t / 64, v = t % 64;
-                    const int32_t r = ix[j];
-                    cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+                    for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
+                        const uint32_t j = 2 * i + t / 64, v = t % 64;
+                        const int32_t r = ix[j];
+                        cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+                    }
                 }
                 cp_async_arrive_noinc(&full[s]);
             }
@@ -415,10 +436,10 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         const int32_t *__restrict__ key_counts, const float *__restrict__ sink, __nv_bfloat16 *__restrict__ out,       \
         float *__restrict__ o_part, float *__restrict__ ml_part, int32_t *__restrict__ status, uint32_t heads,         \
         uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs,                 \
-        const __grid_constant__ DiTmaMap map_out
+        const __grid_constant__ DiTmaMap map_out, const __grid_constant__ DiTmaMap map_kv, uint32_t tma_runs
 #define DI_ATTN_WG_ARGS                                                                                          \
     q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, \
-        scale, seqs, map_out
+        scale, seqs, map_out, map_kv, tma_runs
 
 // Any number of splits (several: fp32 partials merged by di_attn_decode_combine).
 extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1) di_attn_decode_wg(DI_ATTN_WG_PARAMS) {

@@ -10,7 +10,9 @@
 //! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
 //! launches, median of 20 batches.
 
-use deepinfer_kernels_ffi::attention::{attention_decode, cuda_kernel, decode_splits, set_wgmma, DecodeAttnShape};
+use deepinfer_kernels_ffi::attention::{
+    attention_decode, cuda_kernel, decode_splits, set_tma_runs, set_wgmma, DecodeAttnShape,
+};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, switch_kernels, SplitMix};
 use half::bf16;
 
@@ -28,18 +30,42 @@ fn main() {
     let (batch, heads, d) = (64u32, 64u32, 512usize);
     let scale = 1.0 / (d as f32).sqrt();
     let mut results = Vec::new();
-    for (what, keys) in [
-        ("CSA (128 window + 512 top-k)", 640u32),
-        ("HCA 8k (128 + 64)", 192),
-        ("HCA 128k (128 + 1024)", 1152),
-        ("sliding only (128)", 128),
+    // Rows: random pool rows, or (paged) a paged cache's layout: each sequence's 128-row window
+    // starting inside a 64-row page (its tiles straddle pages), then its compressed rows as whole
+    // pages, the pages of all sequences shuffled over the pool.
+    for (what, keys, paged) in [
+        ("CSA (128 window + 512 top-k)", 640u32, false),
+        ("HCA 8k (128 + 64)", 192, false),
+        ("HCA 128k (128 + 1024)", 1152, false),
+        ("sliding only (128)", 128, false),
+        ("HCA 8k paged", 192, true),
+        ("HCA 128k paged", 1152, true),
     ] {
         let shape = DecodeAttnShape { batch, heads, head_dim: d as u32, max_keys: keys };
         let pool = (batch * keys) as usize * 2;
         let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
         let q = b(rng.vec(batch as usize * heads as usize * d).into_iter().map(|v| v * 8.0).collect());
         let kv = b(rng.vec(pool * d));
-        let rows: Vec<i32> = (0..batch * keys).map(|_| (rng.next_u64() % pool as u64) as i32).collect();
+        let rows: Vec<i32> = if paged {
+            let mut pages: Vec<u32> = (0..(pool / 64) as u32).collect();
+            for i in (1..pages.len()).rev() {
+                pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let mut pages = pages.into_iter();
+            let mut rows = Vec::with_capacity((batch * keys) as usize);
+            for _ in 0..batch {
+                let win: Vec<u32> = (0..3).map(|_| pages.next().unwrap()).collect();
+                let start = 1 + (rng.next_u64() % 63) as u32;
+                rows.extend((0..128).map(|j| (win[((start + j) / 64) as usize] * 64 + (start + j) % 64) as i32));
+                for _ in 0..(keys - 128) / 64 {
+                    let page = pages.next().unwrap();
+                    rows.extend((0..64).map(|j| (page * 64 + j) as i32));
+                }
+            }
+            rows
+        } else {
+            (0..batch * keys).map(|_| (rng.next_u64() % pool as u64) as i32).collect()
+        };
         let counts = vec![keys as i32; batch as usize];
         let sink: Vec<f32> = rng.vec(heads as usize);
         let copies = ((256usize << 20) / (pool * d * 2)).max(2);
@@ -51,55 +77,63 @@ fn main() {
         // Every kernel this GPU runs (on sm_90 the warpgroup-MMA kernel and the mma.sync one).
         for (wgmma, kernel) in switch_kernels(set_wgmma, || cuda_kernel(&s, shape)) {
             set_wgmma(wgmma);
-            attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
-            // Check sequence 0 against the CPU.
-            let one = DecodeAttnShape { batch: 1, ..shape };
-            let mut want = vec![bf16::ZERO; heads as usize * d];
-            deepinfer_kernels_ffi::cpu::attention::attention_decode(
-                &q[..heads as usize * d],
-                &kv,
-                &rows[..keys as usize],
-                &counts[..1],
-                &sink,
-                &mut want,
-                one,
-                scale,
-            );
-            let got: Vec<f32> =
-                s.download_range(&out, 0, heads as usize * d).unwrap().iter().map(|v| v.to_f32()).collect();
-            let (rel, _) = rel_err(&got, &want.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
-            assert!(rel < 1e-2, "{what}: rel_err {rel:e} against the CPU");
-            let mut i = 0;
-            let mut times = Vec::new();
-            for rep in 0..22 {
-                let a = s.record_event().unwrap();
-                for _ in 0..20 {
-                    i = (i + 1) % copies;
-                    attention_decode(&s, &qb, &pools[i], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+            // Paged lists on the Hopper kernel: with the page tiles by TMA (the default) and gathered
+            // row by row ("/gather").
+            let variants: &[bool] = if paged && wgmma { &[true, false] } else { &[true] };
+            for &tma in variants {
+                set_tma_runs(tma);
+                let kernel = if tma { kernel.to_string() } else { format!("{kernel}/gather") };
+                attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+                // Check sequence 0 against the CPU.
+                let one = DecodeAttnShape { batch: 1, ..shape };
+                let mut want = vec![bf16::ZERO; heads as usize * d];
+                deepinfer_kernels_ffi::cpu::attention::attention_decode(
+                    &q[..heads as usize * d],
+                    &kv,
+                    &rows[..keys as usize],
+                    &counts[..1],
+                    &sink,
+                    &mut want,
+                    one,
+                    scale,
+                );
+                let got: Vec<f32> =
+                    s.download_range(&out, 0, heads as usize * d).unwrap().iter().map(|v| v.to_f32()).collect();
+                let (rel, _) = rel_err(&got, &want.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
+                assert!(rel < 1e-2, "{what}: rel_err {rel:e} against the CPU");
+                let mut i = 0;
+                let mut times = Vec::new();
+                for rep in 0..22 {
+                    let a = s.record_event().unwrap();
+                    for _ in 0..20 {
+                        i = (i + 1) % copies;
+                        attention_decode(&s, &qb, &pools[i], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+                    }
+                    let e = s.record_event().unwrap();
+                    if rep >= 2 {
+                        times.push(a.elapsed_ms(&e).unwrap() as f64 / 20.0);
+                    }
                 }
-                let e = s.record_event().unwrap();
-                if rep >= 2 {
-                    times.push(a.elapsed_ms(&e).unwrap() as f64 / 20.0);
-                }
+                let ms = median(times);
+                let bytes = (batch * keys) as f64 * d as f64 * 2.0 + 2.0 * q.len() as f64 * 2.0;
+                let flops = 4.0 * batch as f64 * heads as f64 * keys as f64 * d as f64;
+                let floor_ms = bytes / BYTES_PER_S * 1e3;
+                let (splits, per) = decode_splits(shape);
+                println!(
+                    "attention_decode {kernel:<17} {what:<30} batch={batch} heads={heads} keys={keys:<5} splits={splits}x{per}  {:>7.1} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}  {:.0} GB/s  {:.0} TFLOP/s  rel_err {rel:.1e}",
+                    bytes / 1e6,
+                    floor_ms / ms,
+                    bytes / (ms * 1e-3) / 1e9,
+                    flops / (ms * 1e-3) / 1e12
+                );
+                results.push(
+                    serde_json::json!({"op": "attention_decode", "kernel": kernel, "case": what, "batch": batch, "heads": heads, "head_dim": d,
+                    "keys": keys, "splits": splits, "tiles_per_split": per, "bytes": bytes, "flops": flops, "median_ms": ms,
+                    "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
+                    "rel_err_vs_cpu_seq0": rel}),
+                );
             }
-            let ms = median(times);
-            let bytes = (batch * keys) as f64 * d as f64 * 2.0 + 2.0 * q.len() as f64 * 2.0;
-            let flops = 4.0 * batch as f64 * heads as f64 * keys as f64 * d as f64;
-            let floor_ms = bytes / BYTES_PER_S * 1e3;
-            let (splits, per) = decode_splits(shape);
-            println!(
-                "attention_decode {kernel:<17} {what:<30} batch={batch} heads={heads} keys={keys:<5} splits={splits}x{per}  {:>7.1} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}  {:.0} GB/s  {:.0} TFLOP/s  rel_err {rel:.1e}",
-                bytes / 1e6,
-                floor_ms / ms,
-                bytes / (ms * 1e-3) / 1e9,
-                flops / (ms * 1e-3) / 1e12
-            );
-            results.push(
-                serde_json::json!({"op": "attention_decode", "kernel": kernel, "case": what, "batch": batch, "heads": heads, "head_dim": d,
-                "keys": keys, "splits": splits, "tiles_per_split": per, "bytes": bytes, "flops": flops, "median_ms": ms,
-                "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
-                "rel_err_vs_cpu_seq0": rel}),
-            );
+            set_tma_runs(true);
         }
         set_wgmma(true);
         drop(pools);
@@ -230,26 +264,34 @@ fn main() {
             let as_decode = DecodeAttnShape { batch: tokens, heads, head_dim: d as u32, max_keys: keys };
             for (wgmma, kernel) in switch_kernels(set_wgmma, || cuda_kernel(&s, as_decode)) {
                 set_wgmma(wgmma);
-                let mut times = Vec::new();
-                for rep in 0..5 {
-                    let a = s.record_event().unwrap();
-                    attention_prefill(&s, &qb, &kvb, &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
-                    let e = s.record_event().unwrap();
-                    if rep >= 1 {
-                        times.push(a.elapsed_ms(&e).unwrap() as f64);
+                // On the Hopper kernel the window tiles (64 consecutive rows) by TMA (the default)
+                // and gathered row by row ("/gather").
+                let variants: &[bool] = if wgmma { &[true, false] } else { &[true] };
+                for &tma in variants {
+                    set_tma_runs(tma);
+                    let kernel = if tma { kernel.to_string() } else { format!("{kernel}/gather") };
+                    let mut times = Vec::new();
+                    for rep in 0..5 {
+                        let a = s.record_event().unwrap();
+                        attention_prefill(&s, &qb, &kvb, &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
+                        let e = s.record_event().unwrap();
+                        if rep >= 1 {
+                            times.push(a.elapsed_ms(&e).unwrap() as f64);
+                        }
                     }
+                    let ms = median(times);
+                    let flops = 4.0 * tokens as f64 * heads as f64 * keys as f64 * d as f64;
+                    let floor_ms = flops / BF16_FLOP_PER_S * 1e3;
+                    println!(
+                        "attention_prefill {kernel:<17} {what:<28} tokens={tokens} heads={heads} keys={keys}  median {ms:.3} ms  {:.0} TFLOP/s  bf16 floor {floor_ms:.3} ms  achieved/floor {:.3}",
+                        flops / (ms * 1e-3) / 1e12,
+                        floor_ms / ms
+                    );
+                    results.push(serde_json::json!({"op": "attention_prefill", "kernel": kernel, "case": what, "tokens": tokens, "heads": heads,
+                        "head_dim": d, "keys_per_query": keys, "flops": flops, "median_ms": ms, "floor_ms": floor_ms,
+                        "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
                 }
-                let ms = median(times);
-                let flops = 4.0 * tokens as f64 * heads as f64 * keys as f64 * d as f64;
-                let floor_ms = flops / BF16_FLOP_PER_S * 1e3;
-                println!(
-                    "attention_prefill {kernel:<17} {what:<28} tokens={tokens} heads={heads} keys={keys}  median {ms:.3} ms  {:.0} TFLOP/s  bf16 floor {floor_ms:.3} ms  achieved/floor {:.3}",
-                    flops / (ms * 1e-3) / 1e12,
-                    floor_ms / ms
-                );
-                results.push(serde_json::json!({"op": "attention_prefill", "kernel": kernel, "case": what, "tokens": tokens, "heads": heads,
-                    "head_dim": d, "keys_per_query": keys, "flops": flops, "median_ms": ms, "floor_ms": floor_ms,
-                    "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
+                set_tma_runs(true);
             }
             set_wgmma(true);
         }

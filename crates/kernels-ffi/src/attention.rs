@@ -32,6 +32,20 @@ pub fn wgmma() -> bool {
     WGMMA.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static TMA_RUNS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether the Hopper kernel loads a key tile whose 64 rows are consecutive pool rows (a page of a
+/// paged cache) by TMA (the default) or gathers it row by row like any other tile: a process-wide
+/// switch for A/B benchmarks; the results are the same bits either way.
+pub fn set_tma_runs(on: bool) {
+    TMA_RUNS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_tma_runs`] sets.
+pub fn tma_runs() -> bool {
+    TMA_RUNS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape`; `None` on the CPU or
 /// without the CUDA backend.
 pub fn cuda_kernel(stream: &Stream, shape: DecodeAttnShape) -> Option<&'static str> {

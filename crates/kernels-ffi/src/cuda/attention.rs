@@ -1,7 +1,7 @@
 //! Launch of the decode attention kernel (kernels/cuda/attention.cu); `crate::attention` validated
 //! every length, the head dimension (512) and the head count (<= 64).
 
-use cudarc::driver::{DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::attention::{decode_splits, DecodeAttnShape};
@@ -81,6 +81,15 @@ pub(crate) fn attention_decode(
     } else {
         None
     };
+    // The pool as bytes [pool_rows, 1024] in boxes of 64 rows x 128 bytes (128-byte swizzle): the
+    // wgmma kernels load key tiles of 64 consecutive rows through it (the address only, as map_out).
+    let map_kv = if module == "attention_sm90" {
+        let ptr = kv.cuda().device_ptr(s).0;
+        Some(super::wgmma::tma_map_bytes_128(ptr, pool_rows as u64, 2 * d as u64, 64)?)
+    } else {
+        None
+    };
+    let tma_runs = u32::from(crate::attention::tma_runs());
     let mut l = s.launch_builder(&f);
     l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
     match parts.as_mut() {
@@ -90,11 +99,13 @@ pub(crate) fn attention_decode(
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
     if module == "attention_sm90" {
         l.arg(&shape.batch).arg(map_out.as_ref().expect("the wgmma kernels store through a map"));
+        l.arg(map_kv.as_ref().expect("the wgmma kernels load pages through a map")).arg(&tma_runs);
     }
     // SAFETY: matches di_attn_decode, di_attn_decode_wg and di_attn_decode_wg_c2 (q, kv, key_rows,
     // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
     // scale, and for the two wgmma kernels seqs = batch, which the grid's x covers once (c2, splits)
-    // or in a grid-stride loop, and map_out, out's [batch, heads, 1024] bytes; the partials are null
+    // or in a grid-stride loop, map_out, out's [batch, heads, 1024] bytes, map_kv, kv's [pool_rows,
+    // 1024] bytes, and the tma_runs flag; the partials are null
     // where no combine follows and then never written); the op checked
     // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
     // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
