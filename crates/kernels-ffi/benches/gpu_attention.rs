@@ -13,7 +13,7 @@
 use deepinfer_kernels_ffi::attention::{
     attention_decode, cuda_kernel, decode_splits, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
-use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, switch_kernels, SplitMix};
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, paged_key_rows, rel_err, switch_kernels, SplitMix};
 use half::bf16;
 
 const BYTES_PER_S: f64 = 4.3e12;
@@ -47,22 +47,7 @@ fn main() {
         let q = b(rng.vec(batch as usize * heads as usize * d).into_iter().map(|v| v * 8.0).collect());
         let kv = b(rng.vec(pool * d));
         let rows: Vec<i32> = if paged {
-            let mut pages: Vec<u32> = (0..(pool / 64) as u32).collect();
-            for i in (1..pages.len()).rev() {
-                pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-            }
-            let mut pages = pages.into_iter();
-            let mut rows = Vec::with_capacity((batch * keys) as usize);
-            for _ in 0..batch {
-                let win: Vec<u32> = (0..3).map(|_| pages.next().unwrap()).collect();
-                let start = 1 + (rng.next_u64() % 63) as u32;
-                rows.extend((0..128).map(|j| (win[((start + j) / 64) as usize] * 64 + (start + j) % 64) as i32));
-                for _ in 0..(keys - 128) / 64 {
-                    let page = pages.next().unwrap();
-                    rows.extend((0..64).map(|j| (page * 64 + j) as i32));
-                }
-            }
-            rows
+            paged_key_rows(&mut rng, batch, keys, pool)
         } else {
             (0..batch * keys).map(|_| (rng.next_u64() % pool as u64) as i32).collect()
         };

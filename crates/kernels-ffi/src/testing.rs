@@ -69,6 +69,34 @@ impl SplitMix {
     }
 }
 
+/// Rows of a paged KV pool (pages of 64 rows, `pool_rows / 64` of them) for `batch` sequences of
+/// `keys` keys each (128 window keys, then whole pages: `keys - 128` a multiple of 64): each window
+/// starts inside a random page, so its two tiles straddle three pages, and each further 64 keys are
+/// one whole page. Pages are distinct and shuffled over the pool; sequence 0's first whole page is
+/// the pool's last (the edge a TMA box must not cross). Needs batch x (3 + whole pages) + 1 pages.
+pub fn paged_key_rows(rng: &mut SplitMix, batch: u32, keys: u32, pool_rows: usize) -> Vec<i32> {
+    assert!(keys >= 128 && (keys - 128) % 64 == 0, "keys {keys}: 128 window keys, then whole pages");
+    let pool_pages = (pool_rows / 64) as u32;
+    let whole = (keys - 128) / 64;
+    assert!(batch * (3 + whole) < pool_pages, "{pool_pages} pages cannot hold {batch} sequences");
+    let mut order: Vec<u32> = (0..pool_pages - 1).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mut pages = order.into_iter();
+    let mut rows = Vec::with_capacity((batch * keys) as usize);
+    for b in 0..batch {
+        let win: Vec<u32> = (0..3).map(|_| pages.next().expect("pages counted above")).collect();
+        let start = 1 + (rng.next_u64() % 63) as u32;
+        rows.extend((start..start + 128).map(|pos| (win[(pos / 64) as usize] * 64 + pos % 64) as i32));
+        for p in 0..whole {
+            let page = if b == 0 && p == 0 { pool_pages - 1 } else { pages.next().expect("pages counted above") };
+            rows.extend((0..64).map(|j| (page * 64 + j) as i32));
+        }
+    }
+    rows
+}
+
 /// A seed that differs per run (fresh inputs every time), printed by callers so a failure can be
 /// reproduced with `DEEPINFER_TEST_SEED`.
 pub fn fresh_seed() -> u64 {
@@ -82,6 +110,30 @@ pub fn fresh_seed() -> u64 {
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn paged_key_rows_are_distinct_pages_with_straddling_windows() {
+        let mut rng = SplitMix(7);
+        let (batch, keys) = (5u32, 128 + 3 * 64);
+        let rows = paged_key_rows(&mut rng, batch, keys, 64 * 40);
+        assert_eq!(rows.len(), (batch * keys) as usize);
+        assert_eq!(rows[128], 64 * 39, "sequence 0's first whole page is the pool's last");
+        let mut seen = std::collections::HashSet::new();
+        for list in rows.chunks(keys as usize) {
+            // The window: 128 positions over three pages, never page-aligned; within a page the
+            // rows follow each other.
+            assert_ne!(list[0] % 64, 0);
+            assert!(list[..128].windows(2).all(|w| w[1] == w[0] + 1 || w[1] % 64 == 0));
+            // Whole pages: 64 consecutive rows from a page start.
+            for page in list[128..].chunks(64) {
+                assert_eq!(page[0] % 64, 0);
+                assert!(page.windows(2).all(|w| w[1] == w[0] + 1));
+            }
+            for r in list {
+                assert!(seen.insert(*r), "row {r} in two places");
+            }
+        }
+    }
 
     #[test]
     fn switch_kernels_lists_each_kernel_once_and_leaves_the_switch_on() {

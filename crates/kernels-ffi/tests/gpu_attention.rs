@@ -10,7 +10,9 @@
 use deepinfer_kernels_ffi::attention::{
     attention_decode, cuda_kernel, decode_splits, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
-use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
+use deepinfer_kernels_ffi::testing::{
+    cuda_device_or_skip, fresh_seed, paged_key_rows, rel_err, switch_kernels, SplitMix,
+};
 use deepinfer_kernels_ffi::{Device, Stream};
 use half::bf16;
 
@@ -90,9 +92,10 @@ fn gpu_attention_decode_matches_cpu() {
     }
 }
 
-/// A paged cache's key lists: per sequence a 128-row window starting inside a 64-row page (so its
-/// tiles straddle pages), then whole pages of compressed rows (consecutive runs of 64, one of them
-/// the pool's last page), with ragged counts so some last tiles are partial. On Hopper the
+/// A paged cache's key lists (`testing::paged_key_rows`): per sequence a 128-row window starting
+/// inside a 64-row page (so its tiles straddle pages), then whole pages of compressed rows
+/// (consecutive runs of 64, one of them the pool's last page), with ragged counts so some last
+/// tiles are partial. On Hopper the
 /// consecutive tiles load by TMA; the results equal, bit for bit, the same lists gathered row by row,
 /// and the CPU's within the tolerance.
 #[test]
@@ -106,28 +109,7 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
     for (batch, heads, pages, full) in [(64u32, 64u32, 16u32, true), (9, 48, 5, false), (150, 64, 2, false)] {
         let max_keys = 128 + 64 * pages;
         let mut c = case(&mut rng, batch, heads, max_keys, full, 8.0);
-        let pool_pages = (c.kv.len() / 512 / 64) as u32;
-        // Distinct pages for every sequence's window (three pages) and compressed rows.
-        let mut order: Vec<u32> = (0..pool_pages).collect();
-        for i in (1..order.len()).rev() {
-            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
-        let mut next_page = order.into_iter();
-        for b in 0..batch as usize {
-            let list = &mut c.rows[b * max_keys as usize..(b + 1) * max_keys as usize];
-            let win: Vec<u32> = (0..3).map(|_| next_page.next().unwrap()).collect();
-            let start = 1 + (rng.next_u64() % 63) as u32;
-            for (j, r) in list[..128].iter_mut().enumerate() {
-                let pos = start + j as u32;
-                *r = (win[(pos / 64) as usize] * 64 + pos % 64) as i32;
-            }
-            for p in 0..pages as usize {
-                let page = if b == 0 && p == 0 { pool_pages - 1 } else { next_page.next().unwrap() };
-                for (j, r) in list[128 + 64 * p..128 + 64 * (p + 1)].iter_mut().enumerate() {
-                    *r = (page * 64) as i32 + j as i32;
-                }
-            }
-        }
+        c.rows = paged_key_rows(&mut rng, batch, max_keys, c.kv.len() / 512);
         let kernel = cuda_kernel(&gpu, c.shape).unwrap_or_default();
         let (want, _) = run(&cpu, &c);
         set_tma_runs(false);
