@@ -75,7 +75,7 @@ impl SplitMix {
 /// one whole page. Pages are distinct and shuffled over the pool; sequence 0's first whole page is
 /// the pool's last (the edge a TMA box must not cross). Needs batch x (3 + whole pages) + 1 pages.
 pub fn paged_key_rows(rng: &mut SplitMix, batch: u32, keys: u32, pool_rows: usize) -> Vec<i32> {
-    assert!(keys >= 128 && (keys - 128) % 64 == 0, "keys {keys}: 128 window keys, then whole pages");
+    assert!(keys >= 128 && (keys - 128).is_multiple_of(64), "keys {keys}: 128 window keys, then whole pages");
     let pool_pages = (pool_rows / 64) as u32;
     let whole = (keys - 128) / 64;
     assert!(batch * (3 + whole) < pool_pages, "{pool_pages} pages cannot hold {batch} sequences");
