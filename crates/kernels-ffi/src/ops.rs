@@ -529,7 +529,7 @@ pub fn gemm_lowp_cuda_kernel(stream: &Stream, format: WeightFormat, p: &GemmPara
     match stream.device() {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(b) => {
-            let hopper_sms = b.is_sm90().then(|| b.sm_count());
+            let hopper_sms = b.hopper_sms();
             Some(crate::cuda::launch::gemm_lowp_kernel(hopper_sms, format, p.m, p.n, p.k, p.quantize_x != 0).0)
         }
         _ => {

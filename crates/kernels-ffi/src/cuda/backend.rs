@@ -99,6 +99,11 @@ impl CudaBackend {
         self.sm_count
     }
 
+    /// The SM count on a Hopper (sm_90), where the wgmma kernels apply; `None` elsewhere.
+    pub fn hopper_sms(&self) -> Option<u32> {
+        self.is_sm90().then_some(self.sm_count)
+    }
+
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

@@ -326,7 +326,7 @@ pub(crate) fn gemm_fp8_act(
     p: &crate::params::GemmParams,
 ) -> Result<()> {
     let be = backend(stream);
-    let hopper = be.is_sm90().then(|| be.sm_count());
+    let hopper = be.hopper_sms();
     if let Some(HopperFp8::Prefill { .. }) =
         hopper_fp8(hopper, crate::ops::WeightFormat::Fp8Block128, p.m, p.n, p.k, true)
     {
@@ -790,7 +790,7 @@ pub(crate) fn gemm_lowp(
     p: &crate::params::GemmParams,
 ) -> Result<()> {
     let be = backend(stream);
-    match hopper_fp8(be.is_sm90().then(|| be.sm_count()), format, p.m, p.n, p.k, p.quantize_x != 0) {
+    match hopper_fp8(be.hopper_sms(), format, p.m, p.n, p.k, p.quantize_x != 0) {
         Some(HopperFp8::Prefill { .. }) => return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p),
         Some(HopperFp8::Decode(plan)) => return super::wgmma::gemm_fp8_dec_launch(stream, x, w, scale, y, p, plan),
         None => {}
