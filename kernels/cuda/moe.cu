@@ -7,7 +7,7 @@
 //   di_moe_count          tokens per expert (one block per expert, no atomics)
 //   di_moe_plan           expert offsets, and the list of row chunks the grouped GEMM runs
 //   di_moe_place          permuted rows grouped by expert, in pair order (stable, deterministic)
-//   grouped GEMMs (gate, up), di_moe_swiglu, grouped GEMM (down)
+//   grouped GEMM (gate and up as one [2 inter, dim] matrix), di_moe_swiglu, grouped GEMM (down)
 //   di_moe_combine        per token: the routed rows in increasing expert id, plus the shared expert
 // A (token, slot) pair is index t * top_k + slot; a permuted row holds one pair.
 #include <stdint.h>
@@ -306,12 +306,12 @@ extern "C" __global__ void __launch_bounds__(256) di_moe_place(const int32_t* __
     }
 }
 
-// h[r, j] = silu(min(g, L)) * clamp(u, -L, L), times weights[row_pair[r]] when weights is given (the
-// official "weight before w2"), then with `quantize` rounded to FP8 per 1x128 block of the row (the
-// official activation quantisation of w2's input). One warp per (row, 128 columns); inter % 128 == 0
-// when quantising.
-extern "C" __global__ void __launch_bounds__(256) di_moe_swiglu(const __nv_bfloat16* __restrict__ g,
-                                                                const __nv_bfloat16* __restrict__ u,
+// h[r, j] = silu(min(g, L)) * clamp(u, -L, L) with g = gu[r, j] and u = gu[r, inter + j] (the
+// fused gate/up GEMM's output rows), times weights[row_pair[r]] when weights is given (the official
+// "weight before w2"), then with `quantize` rounded to FP8 per 1x128 block of the row (the official
+// activation quantisation of w2's input). One warp per (row, 128 columns); inter % 128 == 0 when
+// quantising.
+extern "C" __global__ void __launch_bounds__(256) di_moe_swiglu(const __nv_bfloat16* __restrict__ gu,
                                                                 __nv_bfloat16* __restrict__ h,
                                                                 const float* __restrict__ weights,
                                                                 const int32_t* __restrict__ row_pair, uint32_t rows,
@@ -329,9 +329,9 @@ extern "C" __global__ void __launch_bounds__(256) di_moe_swiglu(const __nv_bfloa
         const uint32_t col = b * 128 + lane * 4 + j;
         v[j] = 0.f;
         if (col < inter) {
-            const size_t at = static_cast<size_t>(r) * inter + col;
-            const float gv = fminf(__bfloat162float(g[at]), limit);
-            const float uv = fminf(fmaxf(__bfloat162float(u[at]), -limit), limit);
+            const size_t at = static_cast<size_t>(r) * 2 * inter + col;
+            const float gv = fminf(__bfloat162float(gu[at]), limit);
+            const float uv = fminf(fmaxf(__bfloat162float(gu[at + inter]), -limit), limit);
             v[j] = silu(gv) * uv * scale;
         }
         amax = fmaxf(amax, fabsf(v[j]));

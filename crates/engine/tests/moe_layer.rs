@@ -18,11 +18,17 @@ use deepinfer_moe::layer::{forward, ExpertWeights, MoeWeights, MoeWorkspace, Ran
 use deepinfer_moe::Router;
 use half::bf16;
 
+/// Expert `idx`'s w1 (which 0), w3 (1) or w2 (2) [n, k], dequantised. w1 and w3 are the two halves
+/// of the expert's stacked w13 block.
 fn dequant(s: &Stream, e: &ExpertWeights, which: usize, n: usize, k: usize, idx: usize) -> Linear {
-    let (wq, sc) = [&e.w1, &e.w3, &e.w2][which];
     let (wb, sb) = e.format.bytes(n, k);
-    let w = s.download_range(wq, idx * wb, wb).unwrap();
-    let sc = s.download_range(sc, idx * sb, sb).unwrap();
+    let ((wq, sc), at) = if which == 2 {
+        (&e.w2, (idx * wb, idx * sb))
+    } else {
+        (&e.w13, ((2 * idx + which) * wb, (2 * idx + which) * sb))
+    };
+    let w = s.download_range(wq, at.0, wb).unwrap();
+    let sc = s.download_range(sc, at.1, sb).unwrap();
     let f = match e.format {
         WeightFormat::Fp8Block128 => dequant_fp8_blocks(&w, &sc, n, k, [128, 128]),
         WeightFormat::Fp4Row32 => dequant_fp4_rows(&w, &sc, n, k),

@@ -351,14 +351,15 @@ pub fn gemm_grouped(
     unreachable!("without the CUDA backend every stream is a CPU stream")
 }
 
-/// h = silu(min(g, L))·clamp(u, ±L) over [rows, inter], scaled per row by the routing weight of the
-/// row's pair when `weights` is given (the official "weight before w2"), FP8-rounded per 1×128
-/// block when `quantize` (inter % 128 == 0).
+/// h = silu(min(g, L))·clamp(u, ±L) over [rows, inter], where `gu` [rows, 2·inter] is the fused
+/// gate/up GEMM's output (g in columns 0..inter, u in inter..2·inter: the product of a
+/// [`crate::moe`] expert's w1 and w3 stacked as one [2·inter, dim] matrix). Scaled per row by the
+/// routing weight of the row's pair when `weights` is given (the official "weight before w2"),
+/// FP8-rounded per 1×128 block when `quantize` (inter % 128 == 0).
 #[allow(clippy::too_many_arguments)]
 pub fn swiglu(
     stream: &Stream,
-    g: &DeviceBuffer<bf16>,
-    u: &DeviceBuffer<bf16>,
+    gu: &DeviceBuffer<bf16>,
     h: &mut DeviceBuffer<bf16>,
     weights: Option<(&Routed, &MoeDispatch)>,
     rows: u32,
@@ -374,11 +375,9 @@ pub fn swiglu(
         return Err(FfiError::shape(OP, "limit", format!("{limit} must be positive")));
     }
     let need = rows as usize * inter as usize;
-    check_len(OP, "g", g, need)?;
-    check_len(OP, "u", u, need)?;
+    check_len(OP, "gu", gu, 2 * need)?;
     check_len(OP, "h", h, need)?;
-    stream.check_on(OP, "g", g)?;
-    stream.check_on(OP, "u", u)?;
+    stream.check_on(OP, "gu", gu)?;
     stream.check_on(OP, "h", h)?;
     if let Some((r, d)) = weights {
         check_len(OP, "weights", &r.weights, d.shape.pairs())?;
@@ -398,11 +397,11 @@ pub fn swiglu(
     }
     if on_cpu(stream) {
         let wts = weights.map(|(r, d)| (r.weights.host(), d.row_pair.host()));
-        host::swiglu(g.host(), u.host(), h.host_mut(), wts, rows as usize, inter as usize, limit, quantize);
+        host::swiglu(gu.host(), h.host_mut(), wts, rows as usize, inter as usize, limit, quantize);
         return Ok(());
     }
     #[cfg(feature = "cuda")]
-    return crate::cuda::moe::swiglu(stream, g, u, h, weights, rows, inter, limit, quantize);
+    return crate::cuda::moe::swiglu(stream, gu, h, weights, rows, inter, limit, quantize);
     #[cfg(not(feature = "cuda"))]
     unreachable!("without the CUDA backend every stream is a CPU stream")
 }
@@ -497,12 +496,15 @@ mod tests {
             gemm_grouped(&s, WeightFormat::Fp4Row32, GroupedInput::Tokens(&x), &d, &w, &sc, &mut y, 256, 128, false)
                 .unwrap_err();
         assert!(err.to_string().contains("`w`"), "{err}");
-        let g = s.zeros::<bf16>(4 * 64).unwrap();
+        let gu = s.zeros::<bf16>(4 * 2 * 64).unwrap();
         let mut h = s.zeros::<bf16>(4 * 64).unwrap();
-        let err = swiglu(&s, &g, &g, &mut h, None, 4, 64, 7.0, true).unwrap_err();
+        let err = swiglu(&s, &gu, &mut h, None, 4, 64, 7.0, true).unwrap_err();
         assert!(err.to_string().contains("`inter`"), "{err}");
-        let err = swiglu(&s, &g, &g, &mut h, None, 4, 64, f32::NAN, false).unwrap_err();
+        let err = swiglu(&s, &gu, &mut h, None, 4, 64, f32::NAN, false).unwrap_err();
         assert!(err.to_string().contains("`limit`"), "{err}");
+        let mut wide = s.zeros::<bf16>(4 * 2 * 64).unwrap();
+        let err = swiglu(&s, &h, &mut wide, None, 4, 64, 7.0, false).unwrap_err();
+        assert!(err.to_string().contains("`gu`"), "a [rows, inter] input is too short: {err}");
     }
 
     #[test]

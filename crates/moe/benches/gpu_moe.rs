@@ -14,8 +14,8 @@ use deepinfer_kernels_ffi::moe::{self as mops, GroupedInput, RouteBy};
 use deepinfer_kernels_ffi::ops::{gemm_lowp, set_fp4_stream, set_fp4_wgmma, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
 use deepinfer_kernels_ffi::GemmParams;
-use deepinfer_kernels_ffi::Stream;
-use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
+use deepinfer_kernels_ffi::{DeviceBuffer, Stream};
+use deepinfer_moe::layer::{forward, ExpertWeights, MoeWeights, MoeWorkspace, RandomMoe};
 use half::bf16;
 
 const BYTES_PER_S: f64 = 4.3e12;
@@ -33,7 +33,28 @@ fn earlier_fp4(on: bool) {
     set_fp4_wgmma(!on);
 }
 
-fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_json::Value {
+/// An expert set's weights and scales.
+type Mat = (DeviceBuffer<u8>, DeviceBuffer<u8>);
+
+/// Separate w1 and w3 copies of stacked expert weights (the layout before the stacking).
+fn unstack(s: &Stream, e: &ExpertWeights, inter: u32, dim: u32) -> (Mat, Mat) {
+    let (wb, sb) = e.format.bytes(inter as usize, dim as usize);
+    let halves = |buf: &DeviceBuffer<u8>, per: usize| {
+        let (a, b) = ExpertWeights::unstack_gate_up(&s.download(buf).unwrap(), per).unwrap();
+        (s.upload(&a).unwrap(), s.upload(&b).unwrap())
+    };
+    let ((w1, w3), (s1, s3)) = (halves(&e.w13.0, wb), halves(&e.w13.1, sb));
+    ((w1, s1), (w3, s3))
+}
+
+fn case(
+    s: &Stream,
+    w: &MoeWeights,
+    split: &(Mat, Mat),
+    shared_split: &(Mat, Mat),
+    tokens: u32,
+    rng: &mut SplitMix,
+) -> serde_json::Value {
     let (d, i, e, k) = (w.dim as usize, w.inter as usize, w.experts() as usize, w.top_k as usize);
     let inputs = (64 / tokens.min(64)).clamp(2, 32) as usize;
     let xs: Vec<_> = (0..inputs)
@@ -77,7 +98,8 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
     // streaming decode kernel and the Hopper wgmma prefill kernel switched off).
     let gemm_kernels = || {
         let dsp = &ws.dispatch;
-        let gate = mops::gemm_grouped_cuda_kernel(s, w.routed.format, dsp, w.inter, w.dim, true).unwrap_or_default();
+        let gate =
+            mops::gemm_grouped_cuda_kernel(s, w.routed.format, dsp, 2 * w.inter, w.dim, true).unwrap_or_default();
         let down =
             mops::gemm_grouped_cuda_kernel(s, w.routed.format, dsp, w.dim, w.inter, dsp.tile <= 16).unwrap_or_default();
         (gate, down)
@@ -116,15 +138,16 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         })
         .into(),
     );
-    // The tile64 / tile128 entries are the tiled mma.sync kernel (the earlier kernels).
+    // The tile64 / tile128 entries are the tiled mma.sync kernel (the earlier kernels). Gate and up
+    // are one GEMM over the stacked [2 inter, dim] expert matrices.
     for (name, tile, earlier) in [
-        ("routed_gate_gemm", ws.dispatch.tile, false),
-        ("routed_gate_gemm_earlier_kernel", ws.dispatch.tile, true),
-        ("routed_gate_gemm_tile128", 128, true),
-        ("routed_gate_gemm_tile64", 64, true),
+        ("routed_gate_up_gemm", ws.dispatch.tile, false),
+        ("routed_gate_up_gemm_earlier_kernel", ws.dispatch.tile, true),
+        ("routed_gate_up_gemm_tile128", 128, true),
+        ("routed_gate_up_gemm_tile64", 64, true),
     ] {
         let duplicate = earlier && kernels_off.0 == kernels_on.0 && tile == ws.dispatch.tile;
-        if (tokens < 1024 && tile >= 64 && name != "routed_gate_gemm") || duplicate {
+        if (tokens < 1024 && tile >= 64 && name != "routed_gate_up_gemm") || duplicate {
             continue;
         }
         earlier_fp4(earlier);
@@ -136,10 +159,10 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
                 r.format,
                 GroupedInput::Tokens(x),
                 &dsp,
-                &r.w1.0,
-                &r.w1.1,
-                &mut ws.g,
-                w.inter,
+                &r.w13.0,
+                &r.w13.1,
+                &mut ws.gu,
+                2 * w.inter,
                 w.dim,
                 true,
             )
@@ -148,11 +171,34 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         earlier_fp4(false);
         stages.insert(name.to_string(), t.into());
     }
+    // The same two products as two GEMMs over separate w1 and w3 copies (the layout before the
+    // stacking), for the A/B in one visit.
+    let (g_sep, u_sep) = (&mut ws.h, &mut ws.y);
+    stages.insert(
+        "routed_gate_and_up_separate".into(),
+        stage(&mut || {
+            for (m, out) in [(&split.0, &mut *g_sep), (&split.1, &mut *u_sep)] {
+                mops::gemm_grouped(
+                    s,
+                    r.format,
+                    GroupedInput::Tokens(x),
+                    &ws.dispatch,
+                    &m.0,
+                    &m.1,
+                    out,
+                    w.inter,
+                    w.dim,
+                    true,
+                )
+                .unwrap()
+            }
+        })
+        .into(),
+    );
     stages.insert(
         "swiglu".into(),
         stage(&mut || {
-            mops::swiglu(s, &ws.g, &ws.u, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, w.inter, w.limit, true)
-                .unwrap()
+            mops::swiglu(s, &ws.gu, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, w.inter, w.limit, true).unwrap()
         })
         .into(),
     );
@@ -180,18 +226,28 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         stages.insert(name.into(), t.into());
     }
     stages.insert(
-        "shared_gate_gemm".into(),
+        "shared_gate_up_gemm".into(),
         stage(&mut || {
             gemm_lowp(
                 s,
                 sh.format,
                 x,
-                &sh.w1.0,
-                &sh.w1.1,
-                &mut ws.shared_g,
-                &GemmParams::new(tokens, w.inter, w.dim, true),
+                &sh.w13.0,
+                &sh.w13.1,
+                &mut ws.shared_gu,
+                &GemmParams::new(tokens, 2 * w.inter, w.dim, true),
             )
             .unwrap()
+        })
+        .into(),
+    );
+    stages.insert(
+        "shared_gate_and_up_separate".into(),
+        stage(&mut || {
+            for m in [&shared_split.0, &shared_split.1] {
+                gemm_lowp(s, sh.format, x, &m.0, &m.1, &mut ws.shared_h, &GemmParams::new(tokens, w.inter, w.dim, true))
+                    .unwrap()
+            }
         })
         .into(),
     );
@@ -203,18 +259,20 @@ fn case(s: &Stream, w: &MoeWeights, tokens: u32, rng: &mut SplitMix) -> serde_js
         .into(),
     );
     println!("  stages (ms, each alone): {}", serde_json::Value::Object(stages.clone()));
-    // Each routed GEMM stage against its weight bytes (the experts this input touches).
+    // Each routed GEMM stage against its weight bytes (the experts this input touches; gate and up
+    // read two [inter, dim] matrices an expert, down one).
     let (eb, esb) = w.routed.format.bytes(i, d);
     let expert_bytes = (eb + esb) as f64;
     let ids = s.download(&ws.routed.ids).unwrap();
     let mut seen = vec![false; e];
     ids.iter().filter(|v| **v >= 0).for_each(|v| seen[*v as usize] = true);
-    let stage_bytes = seen.iter().filter(|v| **v).count() as f64 * expert_bytes;
-    // ... and against its FLOPs at the bf16 matrix-unit rate (the bound at prefill sizes).
-    let stage_flops = 2.0 * pairs as f64 * (d * i) as f64;
     let mut gemm_floor = serde_json::Map::new();
     for (name, v) in &stages {
         if name.starts_with("routed_") {
+            let matrices = if name.starts_with("routed_down") { 1.0 } else { 2.0 };
+            let stage_bytes = matrices * seen.iter().filter(|v| **v).count() as f64 * expert_bytes;
+            // ... and against its FLOPs at the bf16 matrix-unit rate (the bound at prefill sizes).
+            let stage_flops = matrices * 2.0 * pairs as f64 * (d * i) as f64;
             let t = v.as_f64().unwrap();
             let f = stage_bytes / BYTES_PER_S * 1e3 / t;
             let tf = stage_flops / (t * 1e-3) / 1e12;
@@ -284,7 +342,9 @@ fn main() {
         Ok(v) => v.split(',').map(|t| t.trim().parse().expect("DEEPINFER_MOE_TOKENS: token counts")).collect(),
         Err(_) => vec![1, 64, 4096],
     };
-    let results: Vec<_> = sizes.into_iter().map(|t| case(&s, &w, t, &mut rng)).collect();
+    let split = unstack(&s, &w.routed, w.inter, w.dim);
+    let shared_split = unstack(&s, w.shared.as_ref().unwrap(), w.inter, w.dim);
+    let results: Vec<_> = sizes.into_iter().map(|t| case(&s, &w, &split, &shared_split, t, &mut rng)).collect();
     let report = deepinfer_kernels_ffi::report::SystemReport::gather();
     let doc = serde_json::json!({
         "bench": "moe gpu_moe",

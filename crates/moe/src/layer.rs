@@ -1,6 +1,7 @@
 //! One MoE sublayer on a device (MODEL_V4.md §8, official numerics): router logits, score or hash
 //! routing, dispatch by expert, the routed experts as grouped GEMMs with FP8 or FP4 weights
-//! (activations FP8-rounded per 1×128 block, the routing weight applied before w2), the shared
+//! (activations FP8-rounded per 1×128 block, the routing weight applied before w2; gate and up as
+//! one GEMM over w1 and w3 stacked, as vLLM and SGLang store them), the shared
 //! expert, and the combine in increasing expert id. Built from `deepinfer-kernels-ffi` ops, so the
 //! same code runs on the CPU reference backend and on CUDA.
 
@@ -9,14 +10,58 @@ use deepinfer_kernels_ffi::ops::{gemm_fp8_act, gemm_lowp, quantize_act_fp8, Weig
 use deepinfer_kernels_ffi::{DeviceBuffer, FfiError, GemmParams, Stream};
 use half::bf16;
 
-/// SwiGLU expert weights, `count` experts back to back: w1 (gate) and w3 (up) [inter, dim], w2
-/// (down) [dim, inter], each with its scales (layout of [`WeightFormat::bytes`]).
+/// SwiGLU expert weights, `count` experts back to back: `w13` each expert's w1 (gate, rows
+/// 0..inter) and w3 (up, rows inter..2·inter) stacked as one [2·inter, dim] matrix, so one GEMM
+/// computes both (one launch, one activation pass, twice the rows to spread over the GPU; each half
+/// is byte for byte the checkpoint's matrix in the layout of [`WeightFormat::bytes`], see
+/// [`ExpertWeights::stack_gate_up`]); w2 (down) [dim, inter]; each with its scales.
 pub struct ExpertWeights {
     pub format: WeightFormat,
     pub count: u32,
-    pub w1: (DeviceBuffer<u8>, DeviceBuffer<u8>),
-    pub w3: (DeviceBuffer<u8>, DeviceBuffer<u8>),
+    pub w13: (DeviceBuffer<u8>, DeviceBuffer<u8>),
     pub w2: (DeviceBuffer<u8>, DeviceBuffer<u8>),
+}
+
+impl ExpertWeights {
+    /// Per expert, w1's bytes then w3's (`count` experts back to back in each, [inter, dim] in the
+    /// layout of `format`): the `w13` layout. For weights and scales alike (`per` = the bytes of one
+    /// expert's matrix or of its scales). Errors name the field whose length is not `count` x `per`.
+    pub fn stack_gate_up(w1: &[u8], w3: &[u8], count: usize, per: usize) -> Result<Vec<u8>, FfiError> {
+        for (field, v) in [("w1", w1), ("w3", w3)] {
+            if v.len() != count * per {
+                return Err(FfiError::Shape {
+                    op: "stack_gate_up",
+                    field,
+                    detail: format!("{} bytes, expected {count} experts x {per}", v.len()),
+                });
+            }
+        }
+        let mut out = Vec::with_capacity(2 * count * per);
+        for e in 0..count {
+            out.extend_from_slice(&w1[e * per..(e + 1) * per]);
+            out.extend_from_slice(&w3[e * per..(e + 1) * per]);
+        }
+        Ok(out)
+    }
+
+    /// The inverse of [`ExpertWeights::stack_gate_up`]: (w1, w3) of `w13` bytes (`per` bytes an
+    /// expert's matrix or scales); an error names `w13` when its length is not a whole number of
+    /// experts.
+    pub fn unstack_gate_up(w13: &[u8], per: usize) -> Result<(Vec<u8>, Vec<u8>), FfiError> {
+        if per == 0 || !w13.len().is_multiple_of(2 * per) {
+            return Err(FfiError::Shape {
+                op: "unstack_gate_up",
+                field: "w13",
+                detail: format!("{} bytes are not experts of 2 x {per}", w13.len()),
+            });
+        }
+        let (mut w1, mut w3) = (Vec::with_capacity(w13.len() / 2), Vec::with_capacity(w13.len() / 2));
+        for c in w13.chunks(2 * per) {
+            w1.extend_from_slice(&c[..per]);
+            w3.extend_from_slice(&c[per..]);
+        }
+        Ok((w1, w3))
+    }
 }
 
 /// Hash routing: `tid2eid` [vocab, top_k].
@@ -59,30 +104,29 @@ impl MoeWeights {
 }
 
 /// Scratch buffers of a forward over `tokens` tokens (public so tests can compare every stage):
-/// gate and up projections `g`, `u` and the activation `h` [pairs, inter], routed outputs `y`
-/// [pairs, dim] in permuted row order, and the shared expert's stages [tokens, ...] (with x as FP8
-/// codes and scales when its gate and up GEMMs share one quantisation).
+/// the gate and up projections `gu` [pairs, 2·inter] (gate in columns 0..inter), the activation `h`
+/// [pairs, inter], routed outputs `y` [pairs, dim] in permuted row order, and the shared expert's
+/// stages [tokens, ...] (with x as FP8 codes and scales when it takes x quantised once).
 pub struct MoeWorkspace {
     pub tokens: u32,
     pub logits: DeviceBuffer<f32>,
     pub routed: Routed,
     pub dispatch: MoeDispatch,
-    pub g: DeviceBuffer<bf16>,
-    pub u: DeviceBuffer<bf16>,
+    pub gu: DeviceBuffer<bf16>,
     pub h: DeviceBuffer<bf16>,
     pub y: DeviceBuffer<bf16>,
-    pub shared_g: DeviceBuffer<bf16>,
-    pub shared_u: DeviceBuffer<bf16>,
+    pub shared_gu: DeviceBuffer<bf16>,
     pub shared_h: DeviceBuffer<bf16>,
     pub shared_y: DeviceBuffer<bf16>,
     pub shared_xq: DeviceBuffer<u8>,
     pub shared_sx: DeviceBuffer<f32>,
 }
 
-/// Tokens from which the shared expert's gate and up GEMMs take x quantised once
-/// (`quantize_act_fp8`, then `gemm_fp8_act` twice) instead of each quantising it: batches the FP8
-/// prefill kernels run on (more than 32 rows). Smaller batches run decode kernels that quantise x
-/// inside their own launch, where a separate pass would only add one.
+/// Tokens from which the shared expert's gate/up GEMM takes x quantised by a separate pass
+/// (`quantize_act_fp8`, then `gemm_fp8_act`) instead of quantising it itself: batches the FP8
+/// prefill kernels run on (more than 32 rows), which would otherwise redo it per column block.
+/// Smaller batches run decode kernels that quantise x inside their own launch, where a separate
+/// pass would only add one.
 pub const SHARED_FP8_ACT_MIN_TOKENS: u32 = 33;
 
 /// Whether the shared expert of `w` at `tokens` tokens takes the one-quantisation path.
@@ -103,12 +147,10 @@ impl MoeWorkspace {
             logits: stream.zeros(t * w.experts() as usize)?,
             routed: Routed::new(stream, shape)?,
             dispatch: MoeDispatch::new(stream, shape)?,
-            g: stream.zeros(pairs * i)?,
-            u: stream.zeros(pairs * i)?,
+            gu: stream.zeros(pairs * 2 * i)?,
             h: stream.zeros(pairs * i)?,
             y: stream.zeros(pairs * d)?,
-            shared_g: stream.zeros(sh(t * i))?,
-            shared_u: stream.zeros(sh(t * i))?,
+            shared_gu: stream.zeros(sh(t * 2 * i))?,
             shared_h: stream.zeros(sh(t * i))?,
             shared_y: stream.zeros(sh(t * d))?,
             shared_xq: stream.zeros(q(t * d))?,
@@ -154,9 +196,8 @@ pub fn forward(
     let r = &w.routed;
     let pairs = shape.pairs() as u32;
     let xin = GroupedInput::Tokens(x);
-    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w1.0, &r.w1.1, &mut ws.g, i, d, true)?;
-    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w3.0, &r.w3.1, &mut ws.u, i, d, true)?;
-    ops::swiglu(stream, &ws.g, &ws.u, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, i, w.limit, true)?;
+    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w13.0, &r.w13.1, &mut ws.gu, 2 * i, d, true)?;
+    ops::swiglu(stream, &ws.gu, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, i, w.limit, true)?;
     // h is already on the FP8 grid of its 1×128 blocks, so quantising it again changes no value; at
     // decode tiles the flag lets the FP8-activation decode kernels take the down GEMM too (at
     // prefill tiles it would only add a rounding pass).
@@ -164,16 +205,14 @@ pub fn forward(
     let requantize = ws.dispatch.tile <= 16;
     ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)?;
     if let Some(sh) = &w.shared {
-        let p = GemmParams::new(t, i, d, true);
+        let p = GemmParams::new(t, 2 * i, d, true);
         if shared_fp8_act(w, t) {
             quantize_act_fp8(stream, x, &mut ws.shared_xq, &mut ws.shared_sx, t, d)?;
-            gemm_fp8_act(stream, &ws.shared_xq, &ws.shared_sx, &sh.w1.0, &sh.w1.1, &mut ws.shared_g, &p)?;
-            gemm_fp8_act(stream, &ws.shared_xq, &ws.shared_sx, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &p)?;
+            gemm_fp8_act(stream, &ws.shared_xq, &ws.shared_sx, &sh.w13.0, &sh.w13.1, &mut ws.shared_gu, &p)?;
         } else {
-            gemm_lowp(stream, sh.format, x, &sh.w1.0, &sh.w1.1, &mut ws.shared_g, &p)?;
-            gemm_lowp(stream, sh.format, x, &sh.w3.0, &sh.w3.1, &mut ws.shared_u, &p)?;
+            gemm_lowp(stream, sh.format, x, &sh.w13.0, &sh.w13.1, &mut ws.shared_gu, &p)?;
         }
-        ops::swiglu(stream, &ws.shared_g, &ws.shared_u, &mut ws.shared_h, None, t, i, w.limit, true)?;
+        ops::swiglu(stream, &ws.shared_gu, &mut ws.shared_h, None, t, i, w.limit, true)?;
         // shared_h is on the FP8 grid already (as h above), so the activation quantisation changes
         // no value; asking for it lets the FP8 x FP8 kernels take the down GEMM (on Hopper the
         // decode kernel up to 16 tokens, the wgmma kernel past 32) instead of the bf16-expanding ones.
@@ -232,12 +271,13 @@ impl MoeWeights {
             let s: Vec<u8> = (0..count * sb).map(|_| (base - (rng.next_u64() % 2) as i32) as u8).collect();
             Ok::<_, FfiError>((stream.upload(&w)?, stream.upload(&s)?))
         };
+        // Each expert's w1 and w3 are random [inter, dim] matrices; stacked they are one random
+        // [2·inter, dim] matrix with the same scale distribution.
         let experts = |format: WeightFormat, count: usize, rng: &mut SplitMix| {
             Ok::<_, FfiError>(ExpertWeights {
                 format,
                 count: count as u32,
-                w1: matrix(format, count, i, d, rng)?,
-                w3: matrix(format, count, i, d, rng)?,
+                w13: matrix(format, count, 2 * i, d, rng)?,
                 w2: matrix(format, count, d, i, rng)?,
             })
         };
@@ -277,5 +317,43 @@ impl MoeWeights {
             routed,
             shared,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn stacking_names_the_short_field() {
+        let e = ExpertWeights::stack_gate_up(&[0; 8], &[0; 7], 2, 4).unwrap_err();
+        assert!(e.to_string().contains("`w3`"), "{e}");
+        let e = ExpertWeights::stack_gate_up(&[0; 6], &[0; 8], 2, 4).unwrap_err();
+        assert!(e.to_string().contains("`w1`"), "{e}");
+        let e = ExpertWeights::unstack_gate_up(&[0; 12], 4).unwrap_err();
+        assert!(e.to_string().contains("`w13`"), "{e}");
+    }
+
+    #[test]
+    fn stacked_expert_holds_w1_rows_then_w3_rows() {
+        // Two experts of 3 bytes: expert 0's w1, expert 0's w3, expert 1's w1, expert 1's w3.
+        let w13 = ExpertWeights::stack_gate_up(&[1, 2, 3, 4, 5, 6], &[7, 8, 9, 10, 11, 12], 2, 3).unwrap();
+        assert_eq!(w13, vec![1, 2, 3, 7, 8, 9, 4, 5, 6, 10, 11, 12]);
+    }
+
+    proptest! {
+        /// Unstacking gives back both inputs, whatever the expert count and matrix size.
+        #[test]
+        fn unstack_inverts_stack(count in 1usize..6, per in 1usize..40, seed in any::<u64>()) {
+            let mut rng = deepinfer_kernels_ffi::testing::SplitMix(seed);
+            let w1: Vec<u8> = (0..count * per).map(|_| rng.next_u64() as u8).collect();
+            let w3: Vec<u8> = (0..count * per).map(|_| rng.next_u64() as u8).collect();
+            let w13 = ExpertWeights::stack_gate_up(&w1, &w3, count, per).unwrap();
+            prop_assert_eq!(w13.len(), 2 * count * per);
+            let (a, b) = ExpertWeights::unstack_gate_up(&w13, per).unwrap();
+            prop_assert_eq!(a, w1);
+            prop_assert_eq!(b, w3);
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! * routing: the CPU's logits go to both routers, so experts must match exactly and weights to
 //!   1e-5 (expf/log1pf against Rust's exp/ln_1p: a few ulp).
 //! * dispatch: integers, exact.
-//! * gate/up/down GEMMs: fp32 sums in another order, rounded once to bf16: 4e-3 (as the dense GEMMs).
+//! * gate/up (one GEMM over the stacked w1, w3) and down GEMMs: fp32 sums in another order, rounded
+//!   once to bf16: 4e-3 (as the dense GEMMs).
 //! * SwiGLU and the layer output: a bf16 ulp of difference in g or u can move a value across an
 //!   FP8 rounding boundary of the hidden activation (an e4m3 step is 1/8 relative), which happens
 //!   to a few elements per thousand; 2e-2 bounds that with room.
@@ -106,8 +107,7 @@ fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
     );
     let rows = cpu.download(&dc.offsets).unwrap()[e] as usize;
     for (name, a, b, w, tol) in [
-        ("gate GEMM", &wsc.g, &wsg.g, i, 4e-3),
-        ("up GEMM", &wsc.u, &wsg.u, i, 4e-3),
+        ("gate/up GEMM", &wsc.gu, &wsg.gu, 2 * i, 4e-3),
         ("swiglu", &wsc.h, &wsg.h, i, 2e-2),
         ("down GEMM", &wsc.y, &wsg.y, d, 2e-2),
     ] {
@@ -116,9 +116,9 @@ fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
     }
     if spec.shared {
         close(
-            &format!("shared up GEMM (m={t}) {tag}"),
-            &f32s(gpu, &wsg.shared_u, t * i),
-            &f32s(&cpu, &wsc.shared_u, t * i),
+            &format!("shared gate/up GEMM (m={t}) {tag}"),
+            &f32s(gpu, &wsg.shared_gu, t * 2 * i),
+            &f32s(&cpu, &wsc.shared_gu, t * 2 * i),
             4e-3,
         );
         close(
@@ -132,29 +132,29 @@ fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
     // default 128 x 128: rows are summed in the same k order whatever the tile. (The Hopper wgmma
     // kernel sums in another order: checked against the CPU above; the run with it switched off
     // checks the tiled kernels.)
-    let gate_kernel = mops::gemm_grouped_cuda_kernel(gpu, spec.routed, dg, spec.inter, spec.dim, true);
+    let gate_kernel = mops::gemm_grouped_cuda_kernel(gpu, spec.routed, dg, 2 * spec.inter, spec.dim, true);
     if dg.tile >= 64 && gate_kernel.as_deref() != Some("di_gemm_fp4_wgmma") {
         let mut d64 = mops::MoeDispatch::with_tile(gpu, shape, 64).unwrap();
         mops::dispatch(gpu, &wsg.routed.ids, &mut d64).unwrap();
         let xb = gpu.upload(&x).unwrap();
-        let mut g64 = gpu.zeros::<bf16>(pairs * i).unwrap();
+        let mut g64 = gpu.zeros::<bf16>(pairs * 2 * i).unwrap();
         let r = &wg.routed;
         mops::gemm_grouped(
             gpu,
             r.format,
             mops::GroupedInput::Tokens(&xb),
             &d64,
-            &r.w1.0,
-            &r.w1.1,
+            &r.w13.0,
+            &r.w13.1,
             &mut g64,
-            spec.inter,
+            2 * spec.inter,
             spec.dim,
             true,
         )
         .unwrap();
         assert_eq!(
-            gpu.download_range(&g64, 0, rows * i).unwrap(),
-            gpu.download_range(&wsg.g, 0, rows * i).unwrap(),
+            gpu.download_range(&g64, 0, rows * 2 * i).unwrap(),
+            gpu.download_range(&wsg.gu, 0, rows * 2 * i).unwrap(),
             "{tag}: tile64 and tile{} gate GEMMs differ",
             dg.tile
         );
@@ -208,7 +208,7 @@ fn gpu_moe_layer_matches_cpu() {
         };
         let d = mops::MoeDispatch::new(&s, MoeShape { tokens, experts, top_k }).unwrap();
         let kernels = || {
-            let gate = mops::gemm_grouped_cuda_kernel(&s, routed, &d, inter, dim, true)?;
+            let gate = mops::gemm_grouped_cuda_kernel(&s, routed, &d, 2 * inter, dim, true)?;
             let down = mops::gemm_grouped_cuda_kernel(&s, routed, &d, dim, inter, d.tile <= 16)?;
             Some(Box::leak(format!("gate/up {gate}, down {down}").into_boxed_str()) as &'static str)
         };

@@ -174,12 +174,12 @@ pub fn gemm_grouped(
     }
 }
 
-/// h = silu(min(g, L))·clamp(u, ±L) (times weights[row_pair[r]] when given), FP8-rounded per 1×128
-/// block of a row when `quantize`, then rounded to bf16.
+/// h = silu(min(g, L))·clamp(u, ±L) with g = gu[r, j] and u = gu[r, inter + j] (times
+/// weights[row_pair[r]] when given), FP8-rounded per 1×128 block of a row when `quantize`, then
+/// rounded to bf16.
 #[allow(clippy::too_many_arguments)]
 pub fn swiglu(
-    g: &[bf16],
-    u: &[bf16],
+    gu: &[bf16],
     h: &mut [bf16],
     weights: Option<(&[f32], &[i32])>,
     rows: usize,
@@ -191,8 +191,8 @@ pub fn swiglu(
         let s = weights.map_or(1.0, |(w, rp)| w[rp[r] as usize]);
         let mut v: Vec<f32> = (0..inter)
             .map(|j| {
-                let gv = g[r * inter + j].to_f32().min(limit);
-                let uv = u[r * inter + j].to_f32().clamp(-limit, limit);
+                let gv = gu[2 * r * inter + j].to_f32().min(limit);
+                let uv = gu[(2 * r + 1) * inter + j].to_f32().clamp(-limit, limit);
                 silu(gv) * uv * s
             })
             .collect();

@@ -206,8 +206,7 @@ pub(crate) fn gemm_grouped(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn swiglu(
     stream: &Stream,
-    g: &DeviceBuffer<bf16>,
-    u: &DeviceBuffer<bf16>,
+    gu: &DeviceBuffer<bf16>,
     h: &mut DeviceBuffer<bf16>,
     weights: Option<(&Routed, &MoeDispatch)>,
     rows: u32,
@@ -216,19 +215,19 @@ pub(crate) fn swiglu(
     quantize: bool,
 ) -> Result<()> {
     let f = backend(stream).function("moe", "di_moe_swiglu")?;
-    let s = stream.cuda_stream("swiglu", "g")?;
+    let s = stream.cuda_stream("swiglu", "gu")?;
     let warps = rows as u64 * inter.div_ceil(128) as u64;
     let blocks = u32::try_from(warps.div_ceil(8))
         .map_err(|_| crate::FfiError::shape("swiglu", "rows", format!("{rows} rows exceed one launch")))?;
     let q = quantize as u32;
     let mut b = s.launch_builder(&f);
-    b.arg(g.cuda()).arg(u.cuda()).arg(h.cuda_mut());
+    b.arg(gu.cuda()).arg(h.cuda_mut());
     match weights {
         Some((r, d)) => b.arg(r.weights.cuda()).arg(d.row_pair.cuda()),
         None => b.arg(&NULL).arg(&NULL),
     };
     b.arg(&rows).arg(&inter).arg(&limit).arg(&q);
-    // SAFETY: matches di_moe_swiglu; g, u, h hold rows * inter (checked), row_pair holds >= rows
+    // SAFETY: matches di_moe_swiglu; gu holds rows * 2 * inter and h rows * inter (checked), row_pair holds >= rows
     // pair indices < pairs (rows past the routed ones hold 0) and weights holds pairs entries.
     unsafe { b.launch(cfg((blocks, 1, 1), 256)) }?;
     Ok(())
