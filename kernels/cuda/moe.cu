@@ -21,7 +21,8 @@ namespace {
 constexpr int ROUTE_MAX_PER_LANE = 16;  // experts <= 512
 constexpr int RL_K = 64;                // k per shared-memory step of the router GEMM
 constexpr int RL_LD = RL_K + 8;         // shared row stride in bf16 (144 bytes: ldmatrix conflict-free)
-constexpr int RL_SPLIT = 1024;          // k per split of the router GEMM (fixed: batch-invariant sums)
+constexpr int RL_SUB = 256;             // k per sub-split of the router GEMM (fixed: batch-invariant sums;
+                                        // groups of four, ROUTER_GROUP in cuda/moe.rs)
 constexpr int RL_STAGES = 4;            // cp.async ring depth of the router GEMM
 
 __device__ __forceinline__ float sqrt_softplus(float z) {
@@ -33,22 +34,26 @@ __device__ __forceinline__ float silu(float v) { return v * (1.f / (1.f + expf(-
 
 }  // namespace
 
-// Router logits on bf16 tensor cores: partial[z][t, e] = sum over k in split z (RL_SPLIT wide) of
-// x[t, k] w[e, k]. Products of bf16 values are exact in fp32 and each output sums its k16 MMA
-// results in increasing k from zero, so a token's logits depend on neither its batch nor the tile
-// shape (the two shapes below give the same bits); di_moe_router_logits_reduce adds the splits in
-// order. Warps as TW token groups (16 tokens) x EW expert groups (32 experts); k in steps of 64
+// Router logits on bf16 tensor cores, summed in one fixed tree whatever the batch: a sub-split sum
+// s_i over k in [256 i, 256 (i + 1)) adds its k16 MMA results in increasing k from zero (products
+// of bf16 values are exact in fp32); a group sum p_g folds s_4g, s_4g+1, .. left to right onto
+// zero; the logit folds p_0, p_1, .. left to right onto zero. A block covers `group` sub-splits (blockIdx.z's): with 4
+// it folds them into p_g itself (few blocks needed: large batches), with 1 it writes each s_i and
+// di_moe_router_logits_reduce forms the groups (small batches: four times the blocks to read the
+// gate). partial[z][t, e] is the block's result (or the logits when one block spans d). So a
+// token's logits depend on neither its batch nor the tile shape (the two shapes below give the same
+// bits). Warps as TW token groups (16 tokens) x EW expert groups (32 experts); k in steps of 64
 // through a ring of RL_STAGES shared-memory slots filled by cp.async (zeros past d). d % 8 == 0.
 template <int TW, int EW>
 __device__ __forceinline__ void router_logits_tc(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                                  float* __restrict__ partial, uint32_t tokens, uint32_t experts,
-                                                 uint32_t d) {
+                                                 uint32_t d, uint32_t group) {
     constexpr int TOK = 16 * TW, EXP = 32 * EW, THREADS = 32 * TW * EW;
     constexpr int STAGE = (TOK + EXP) * RL_LD;  // bf16 elements: the x tile, then the gate tile
     extern __shared__ __align__(16) __nv_bfloat16 rl_smem[];  // RL_STAGES stages (router_logits_smem)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / EW, wn = warp % EW;
     const uint32_t t0 = blockIdx.y * TOK, e0 = blockIdx.x * EXP;
-    const uint32_t kbeg = blockIdx.z * RL_SPLIT, kend = min(d, kbeg + RL_SPLIT);
+    const uint32_t kbeg = blockIdx.z * RL_SUB * group, kend = min(d, kbeg + RL_SUB * group);
     const uint32_t steps = (kend - kbeg + RL_K - 1) / RL_K;
     // Step `st`'s tiles into its ring slot by 16-byte cp.async, zeros past tokens, experts and d.
     auto issue = [&](uint32_t st) {
@@ -66,9 +71,11 @@ __device__ __forceinline__ void router_logits_tc(const __nv_bfloat16* __restrict
             cp_async16(ws + r * RL_LD + v * 8, ok ? w + static_cast<size_t>(e0 + r) * d + k0 + v * 8 : w, ok);
         }
     };
-    float acc[4][4];
+    float acc[4][4], sum[4][4];  // the current sub-split's s_i; the fold of the block's earlier ones
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = sum[i][j] = 0.f;
 #pragma unroll
     for (int st = 0; st < RL_STAGES - 1; ++st) {
         if (st < static_cast<int>(steps)) issue(st);
@@ -93,8 +100,17 @@ __device__ __forceinline__ void router_logits_tc(const __nv_bfloat16* __restrict
                 mma_bf16(acc[2 * nj + 1], a, b[2], b[3]);
             }
         }
+        if ((st + 1) % (RL_SUB / RL_K) == 0 || st + 1 == steps) {  // the sub-split is summed: fold it
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    sum[i][j] += acc[i][j];
+                    acc[i][j] = 0.f;
+                }
+        }
     }
-    // acc[ni]: tokens wm * 16 + g (+ 8), experts wn * 32 + ni * 8 + 2 q (+ 1).
+    // sum[ni]: tokens wm * 16 + g (+ 8), experts wn * 32 + ni * 8 + 2 q (+ 1).
     const uint32_t g = lane / 4, q = lane % 4;
     float* out = partial + static_cast<size_t>(blockIdx.z) * tokens * experts;
 #pragma unroll
@@ -103,33 +119,39 @@ __device__ __forceinline__ void router_logits_tc(const __nv_bfloat16* __restrict
         for (int h = 0; h < 2; ++h) {
             const uint32_t t = t0 + wm * 16 + g + 8 * h, e = e0 + wn * 32 + ni * 8 + 2 * q;
             if (t >= tokens) continue;
-            if (e < experts) out[static_cast<size_t>(t) * experts + e] = acc[ni][2 * h];
-            if (e + 1 < experts) out[static_cast<size_t>(t) * experts + e + 1] = acc[ni][2 * h + 1];
+            if (e < experts) out[static_cast<size_t>(t) * experts + e] = sum[ni][2 * h];
+            if (e + 1 < experts) out[static_cast<size_t>(t) * experts + e + 1] = sum[ni][2 * h + 1];
         }
 }
 
 // Blocks of 64 tokens x 32 experts (4 warps: few tokens, many blocks) and of 64 tokens x 128
-// experts (16 warps: x read 4x fewer times); grid (experts / tile, tokens / 64, d / RL_SPLIT).
+// experts (16 warps: x read 4x fewer times); grid (experts / tile, tokens / 64, d / (256 group)).
 extern "C" __global__ void __launch_bounds__(128) di_moe_router_logits_s(const __nv_bfloat16* __restrict__ x,
                                                                          const __nv_bfloat16* __restrict__ w,
                                                                          float* __restrict__ partial, uint32_t tokens,
-                                                                         uint32_t experts, uint32_t d) {
-    router_logits_tc<4, 1>(x, w, partial, tokens, experts, d);
+                                                                         uint32_t experts, uint32_t d, uint32_t group) {
+    router_logits_tc<4, 1>(x, w, partial, tokens, experts, d, group);
 }
 extern "C" __global__ void __launch_bounds__(512) di_moe_router_logits_l(const __nv_bfloat16* __restrict__ x,
                                                                          const __nv_bfloat16* __restrict__ w,
                                                                          float* __restrict__ partial, uint32_t tokens,
-                                                                         uint32_t experts, uint32_t d) {
-    router_logits_tc<4, 4>(x, w, partial, tokens, experts, d);
+                                                                         uint32_t experts, uint32_t d, uint32_t group) {
+    router_logits_tc<4, 4>(x, w, partial, tokens, experts, d, group);
 }
 
-// logits[i] = sum over splits of partial[split][i], in split order.
+// logits[i] from the router blocks' `slices` results: each run of `fold` consecutive slices folded
+// left to right into a group sum (fold = 4: the blocks wrote sub-split sums; 1: group sums), then
+// the group sums folded left to right: the fixed tree of router_logits_tc.
 extern "C" __global__ void di_moe_router_logits_reduce(const float* __restrict__ partial, float* __restrict__ logits,
-                                                       uint32_t n, uint32_t splits) {
+                                                       uint32_t n, uint32_t slices, uint32_t fold) {
     const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = partial[i];
-    for (uint32_t s = 1; s < splits; ++s) v += partial[static_cast<size_t>(s) * n + i];
+    float v = 0.f;
+    for (uint32_t g = 0; g * fold < slices; ++g) {
+        float p = 0.f;
+        for (uint32_t j = 0; j < fold && g * fold + j < slices; ++j) p += partial[static_cast<size_t>(g * fold + j) * n + i];
+        v += p;
+    }
     logits[i] = v;
 }
 

@@ -405,14 +405,18 @@ fn main() {
         ]
     };
     let mut results = results;
-    // V4-Flash decode GEMMs: FP8 dense projections and FP4 routed experts (MODEL_V4.md §1).
+    // V4-Flash decode GEMMs: FP8 dense projections and FP4 routed experts (MODEL_V4.md §1). The
+    // MoE layer runs w1 and w3 stacked as one GEMM (w13, [2 inter, dim]); w1 alone stays for
+    // comparison with earlier results.
     use ops::WeightFormat::{Fp4Row32, Fp8Block128};
     let shapes = [
         (Fp8Block128, "attn.wq_a", 1024, 4096),
         (Fp8Block128, "attn.wq_b", 32768, 1024),
         (Fp8Block128, "attn.wo_b", 4096, 8192),
         (Fp8Block128, "shared_experts.w1", 2048, 4096),
+        (Fp8Block128, "shared_experts.w13", 4096, 4096),
         (Fp4Row32, "experts.w1", 2048, 4096),
+        (Fp4Row32, "experts.w13", 4096, 4096),
         (Fp4Row32, "experts.w2", 4096, 2048),
     ];
     // What reading each weight's bytes alone costs in the same harness.
@@ -493,7 +497,12 @@ fn main() {
     // wgmma one: pipelined 128 x 128 tiles for k >= 2048), the 256 x 128 wgmma kernel where that
     // was not the default, then the earlier tiled kernel (DEEPINFER_BENCH_ONLY=wgmma-p /
     // =wgmma-256 / =tiled picks one).
-    for (what, n, k) in [("attn.wq_b", 32768, 1024), ("attn.wo_b", 4096, 8192), ("shared_experts.w1", 2048, 4096)] {
+    for (what, n, k) in [
+        ("attn.wq_b", 32768, 1024),
+        ("attn.wo_b", 4096, 8192),
+        ("shared_experts.w1", 2048, 4096),
+        ("shared_experts.w13", 4096, 4096),
+    ] {
         for m in [4096u32, 16384] {
             let mut done = Vec::new();
             for (variant, wgmma, pipelined) in

@@ -32,7 +32,8 @@ pub(crate) fn router_logits(
     let (kernel, threads, tile) = router_logits_tile(tokens);
     let smem = router_logits_smem(tile);
     let f = be.function_with_smem("moe", kernel, smem)?;
-    let splits = d.div_ceil(ROUTER_SPLIT);
+    let group = router_group(experts.div_ceil(tile) * tokens.div_ceil(64), d, be.sm_count());
+    let splits = d.div_ceil(ROUTER_SUB * group);
     let n = tokens as u64 * experts as u64;
     let n32 = u32::try_from(n)
         .map_err(|_| crate::FfiError::shape("router_logits", "tokens", "tokens x experts exceeds u32"))?;
@@ -50,28 +51,45 @@ pub(crate) fn router_logits(
         Some(p) => b.arg(p),
         None => b.arg(logits.cuda_mut()),
     };
-    b.arg(&tokens).arg(&experts).arg(&d);
-    // SAFETY: matches di_moe_router_logits_{s,l} (x, gate, partial, tokens, experts, d); the op checked
+    b.arg(&tokens).arg(&experts).arg(&d).arg(&group);
+    // SAFETY: matches di_moe_router_logits_{s,l} (x, gate, partial, tokens, experts, d, group); the op checked
     // x [tokens, d], gate [experts, d], logits [tokens, experts] and d % 8 == 0; partial holds splits
     // x tokens x experts (or is logits with one split); the kernel bounds-checks tokens, experts and k.
     unsafe { b.launch(c) }?;
     if let Some(p) = partial {
         let r = be.function("moe", "di_moe_router_logits_reduce")?;
-        // SAFETY: partial holds splits * n floats and logits n (checked by the op).
+        let fold = ROUTER_GROUP / group;
+        // SAFETY: matches di_moe_router_logits_reduce (partial, logits, n, slices, fold); partial
+        // holds splits * n floats and logits n (checked by the op).
         unsafe {
             s.launch_builder(&r)
                 .arg(&p)
                 .arg(logits.cuda_mut())
                 .arg(&n32)
                 .arg(&splits)
+                .arg(&fold)
                 .launch(cfg((n32.div_ceil(256), 1, 1), 256))
         }?;
     }
     Ok(())
 }
 
-/// k per split of the router GEMM (`RL_SPLIT` in moe.cu): fixed, so the sums do not depend on the batch.
-const ROUTER_SPLIT: u32 = 1024;
+/// k per sub-split of the router GEMM (`RL_SUB` in moe.cu) and sub-splits per group of its fixed
+/// summation tree (the `group` a block folds, or the reduce's `fold`): fixed, so the sums do not
+/// depend on the batch.
+const ROUTER_SUB: u32 = 256;
+const ROUTER_GROUP: u32 = 4;
+
+/// Sub-splits a router block sums (`group`): a whole group (4) when `tiles` (expert x token tiles)
+/// times the groups of d give at least one block an SM, else one (four times the blocks, each
+/// sub-split's sum left to the reduce). Either gives the same bits.
+fn router_group(tiles: u32, d: u32, sm_count: u32) -> u32 {
+    if tiles.saturating_mul(d.div_ceil(ROUTER_SUB * ROUTER_GROUP)) >= sm_count {
+        ROUTER_GROUP
+    } else {
+        1
+    }
+}
 
 /// Dynamic shared memory of the router GEMM with blocks of 64 tokens x `experts`: RL_STAGES (4)
 /// slots of the x and gate tiles, 64 k (72-element padded rows) of bf16 each.
@@ -261,4 +279,20 @@ pub(crate) fn combine(
     // [pairs] (checked); routed pairs' rows are < pairs; dim % 8 == 0 and top_k <= 16.
     unsafe { b.launch(cfg((blocks, 1, 1), 256)) }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// V4-Flash (256 experts, d = 4096) on 132 SMs: one token and 64 tokens take sub-split blocks
+    /// (8 x 16 = 128 instead of 32), 4096 tokens (2 x 64 tiles of 128 experts) whole groups.
+    #[test]
+    fn router_blocks_sum_whole_groups_once_they_fill_the_gpu() {
+        assert_eq!(router_group(8, 4096, 132), 1);
+        assert_eq!(router_group(2 * 64, 4096, 132), 4);
+        assert_eq!(router_group(33, 4096, 132), 4, "33 tiles x 4 groups fill 132 SMs");
+        assert_eq!(router_group(1, 100, 132), 1);
+        assert_eq!(router_group(u32::MAX, 4096, 132), 4);
+    }
 }
