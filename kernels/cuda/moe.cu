@@ -7,6 +7,7 @@
 //   di_moe_count          tokens per expert (one block per expert, no atomics)
 //   di_moe_plan           expert offsets, and the list of row chunks the grouped GEMM runs
 //   di_moe_place          permuted rows grouped by expert, in pair order (stable, deterministic)
+//   di_moe_dispatch_small the three above in one block (decode batches: up to 1024 pairs)
 //   grouped GEMM (gate and up as one [2 inter, dim] matrix), di_moe_swiglu, grouped GEMM (down)
 //   di_moe_combine        per token: the routed rows in increasing expert id, plus the shared expert
 // A (token, slot) pair is index t * top_k + slot; a permuted row holds one pair.
@@ -256,19 +257,21 @@ extern "C" __global__ void __launch_bounds__(256) di_moe_count(const int32_t* __
     if (threadIdx.x == 0) counts[e] = total;
 }
 
-// One block of 1024 threads, experts <= 1024: offsets[e] = rows before expert e (offsets[E] = all
-// routed rows), and chunks = (expert, first row, rows <= tile) covering every expert's rows in
-// expert order; *num_chunks is their number. chunk_cap bounds the list (the launcher sizes it to
-// min(E, pairs) + pairs / tile, which no routing can exceed).
-extern "C" __global__ void __launch_bounds__(1024) di_moe_plan(const int32_t* __restrict__ counts, uint32_t experts,
-                                                               uint32_t tile, int32_t* __restrict__ offsets,
-                                                               int4* __restrict__ chunks,
-                                                               int32_t* __restrict__ num_chunks, uint32_t chunk_cap) {
-    __shared__ int32_t rows[1024], nch[1024];
+namespace {
+
+// The plan of a block of 1024 threads, thread e holding expert e's row count `cnt` (0 past
+// `experts`, <= 1024): offsets[e] = rows before expert e (offsets[E] = all routed rows), and chunks
+// = (expert, first row, rows <= tile) covering every expert's rows in expert order; *num_chunks is
+// their number, at most chunk_cap (the launcher sizes it to min(E, pairs) + pairs / tile, which no
+// routing can exceed). rows and nch: 1024-entry shared scratch; afterwards rows[e] holds the
+// routed rows up to and including expert e. Every thread must call it (block barriers inside).
+__device__ __forceinline__ void plan_block(int32_t cnt, uint32_t experts, uint32_t tile, int32_t* __restrict__ offsets,
+                                           int4* __restrict__ chunks, int32_t* __restrict__ num_chunks,
+                                           uint32_t chunk_cap, int32_t* rows, int32_t* nch) {
     const uint32_t e = threadIdx.x;
-    const int32_t cnt = e < experts ? counts[e] : 0;
+    const int32_t my_chunks = (cnt + static_cast<int32_t>(tile) - 1) / static_cast<int32_t>(tile);
     rows[e] = cnt;
-    nch[e] = (cnt + static_cast<int32_t>(tile) - 1) / static_cast<int32_t>(tile);
+    nch[e] = my_chunks;
     __syncthreads();
     // Inclusive scans (Hillis-Steele).
     for (uint32_t o = 1; o < 1024; o <<= 1) {
@@ -279,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(1024) di_moe_plan(const int32_t* __
         __syncthreads();
     }
     if (e >= experts) return;
-    const int32_t row0 = rows[e] - cnt, c0 = nch[e] - (cnt + static_cast<int32_t>(tile) - 1) / static_cast<int32_t>(tile);
+    const int32_t row0 = rows[e] - cnt, c0 = nch[e] - my_chunks;
     offsets[e] = row0;
     if (e + 1 == experts) {
         offsets[experts] = rows[e];
@@ -288,6 +291,52 @@ extern "C" __global__ void __launch_bounds__(1024) di_moe_plan(const int32_t* __
     for (int32_t r = 0, c = c0; r < cnt && c < static_cast<int32_t>(chunk_cap); r += static_cast<int32_t>(tile), ++c) {
         chunks[c] = make_int4(static_cast<int32_t>(e), row0 + r, min(static_cast<int32_t>(tile), cnt - r), 0);
     }
+}
+
+}  // namespace
+
+// One block of 1024 threads, experts <= 1024: the plan (plan_block) from counts.
+extern "C" __global__ void __launch_bounds__(1024) di_moe_plan(const int32_t* __restrict__ counts, uint32_t experts,
+                                                               uint32_t tile, int32_t* __restrict__ offsets,
+                                                               int4* __restrict__ chunks,
+                                                               int32_t* __restrict__ num_chunks, uint32_t chunk_cap) {
+    __shared__ int32_t rows[1024], nch[1024];
+    const uint32_t e = threadIdx.x;
+    plan_block(e < experts ? counts[e] : 0, experts, tile, offsets, chunks, num_chunks, chunk_cap, rows, nch);
+}
+
+// The whole dispatch (di_moe_count, di_moe_plan, di_moe_place: the same outputs, bit for bit) in
+// one block of 1024 threads, for pairs <= 1024 and experts <= 1024 (decode batches): counts by
+// shared-memory atomics, the plan, then thread p places pair p at its expert's first row plus the
+// number of earlier pairs routed to the same expert (pair order within an expert).
+extern "C" __global__ void __launch_bounds__(1024) di_moe_dispatch_small(
+    const int32_t* __restrict__ ids, uint32_t pairs, uint32_t experts, uint32_t tile, int32_t* __restrict__ counts,
+    int32_t* __restrict__ offsets, int4* __restrict__ chunks, int32_t* __restrict__ num_chunks, uint32_t chunk_cap,
+    int32_t* __restrict__ row_pair, int32_t* __restrict__ pair_row) {
+    __shared__ int32_t sid[1024], cnt_s[1024], rows[1024], nch[1024];
+    const uint32_t t = threadIdx.x;
+    cnt_s[t] = 0;
+    __syncthreads();
+    const int32_t id = t < pairs ? ids[t] : -2;
+    sid[t] = id;
+    if (id >= 0 && static_cast<uint32_t>(id) < experts) atomicAdd(&cnt_s[id], 1);
+    __syncthreads();
+    const int32_t cnt = t < experts ? cnt_s[t] : 0;
+    if (t < experts) counts[t] = cnt;
+    plan_block(cnt, experts, tile, offsets, chunks, num_chunks, chunk_cap, rows, nch);
+    __syncthreads();  // rows[] complete (plan_block's threads past `experts` return before its writes)
+    if (id >= 0 && static_cast<uint32_t>(id) < experts) {
+        int32_t rank = 0;
+        for (uint32_t q = 0; q < t; ++q) rank += sid[q] == id;
+        const int32_t row = rows[id] - cnt_s[id] + rank;
+        row_pair[row] = static_cast<int32_t>(t);
+        pair_row[t] = row;
+    } else if (id == -1) {
+        pair_row[t] = -1;
+    }
+    // Rows past the routed ones point at pair 0 (later kernels read valid indices).
+    const int32_t routed = experts > 0 ? rows[experts - 1] : 0;
+    if (static_cast<int32_t>(t) >= routed && t < pairs) row_pair[t] = 0;
 }
 
 // Block e writes expert e's rows: row_pair[offsets[e] + j] = the j-th pair (in pair order) routed

@@ -238,6 +238,10 @@ impl MoeDispatch {
 }
 
 /// Group the pairs of `ids` [pairs] (from [`route`]) by expert into `d`.
+/// Pairs (and experts) up to which a CUDA dispatch is one single-block launch (see
+/// [`crate::ops::set_moe_dispatch_small`]).
+pub const DISPATCH_SMALL_MAX_PAIRS: usize = 1024;
+
 pub fn dispatch(stream: &Stream, ids: &DeviceBuffer<i32>, d: &mut MoeDispatch) -> Result<()> {
     const OP: &str = "dispatch";
     d.shape.check(OP)?;

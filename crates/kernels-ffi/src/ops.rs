@@ -449,6 +449,16 @@ kernel_switch!(
 );
 
 kernel_switch!(
+    MOE_DISPATCH_SMALL,
+    /// Whether MoE dispatches of up to [`crate::moe::DISPATCH_SMALL_MAX_PAIRS`] pairs (decode
+    /// batches) run as one single-block launch on CUDA (`di_moe_dispatch_small`, the default) or as
+    /// the count, plan and place launches: a process-wide switch for A/B benchmarks; the outputs are
+    /// the same bits either way.
+    set_moe_dispatch_small,
+    moe_dispatch_small
+);
+
+kernel_switch!(
     WGMMA_SPLIT_K,
     /// Whether the Hopper FP8 wgmma GEMM splits k over blocks (fp32 partials added in split order by a
     /// second launch) when its 256 x 128 tiles are fewer than the SMs (the default), or leaves those

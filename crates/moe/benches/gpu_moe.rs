@@ -11,7 +11,7 @@
 //! HBM), warm-up, then CUDA events around batches of forwards, median of the batches.
 
 use deepinfer_kernels_ffi::moe::{self as mops, GroupedInput, RouteBy};
-use deepinfer_kernels_ffi::ops::{gemm_lowp, set_fp4_stream, set_fp4_wgmma, WeightFormat};
+use deepinfer_kernels_ffi::ops::{gemm_lowp, set_fp4_stream, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
 use deepinfer_kernels_ffi::GemmParams;
 use deepinfer_kernels_ffi::{DeviceBuffer, Stream};
@@ -129,15 +129,21 @@ fn case(
         "router_logits".into(),
         stage(&mut || mops::router_logits(s, x, &w.gate, &mut ws.logits, tokens, e as u32, d as u32).unwrap()).into(),
     );
-    stages.insert(
-        "route_and_dispatch".into(),
-        stage(&mut || {
+    // The dispatch as one launch where the batch allows it (the default), and as count, plan and
+    // place launches.
+    for (name, small) in [("route_and_dispatch", true), ("route_and_dispatch_three_launches", false)] {
+        if !small && pairs as usize > mops::DISPATCH_SMALL_MAX_PAIRS {
+            continue;
+        }
+        set_moe_dispatch_small(small);
+        let t = stage(&mut || {
             let by = RouteBy::Score { bias: w.bias.as_ref() };
             mops::route(s, &ws.logits, &by, w.scaling, ws.dispatch.shape, &mut ws.routed).unwrap();
             mops::dispatch(s, &ws.routed.ids, &mut ws.dispatch).unwrap();
-        })
-        .into(),
-    );
+        });
+        set_moe_dispatch_small(true);
+        stages.insert(name.into(), t.into());
+    }
     // The tile64 / tile128 entries are the tiled mma.sync kernel (the earlier kernels). Gate and up
     // are one GEMM over the stacked [2 inter, dim] expert matrices.
     for (name, tile, earlier) in [

@@ -14,7 +14,7 @@
 //!   to a few elements per thousand; 2e-2 bounds that with room.
 
 use deepinfer_kernels_ffi::moe::{self as mops, MoeShape, RouteBy};
-use deepinfer_kernels_ffi::ops::{set_fp4_stream, set_fp4_wgmma, WeightFormat};
+use deepinfer_kernels_ffi::ops::{set_fp4_stream, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
 use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
@@ -266,5 +266,55 @@ fn gpu_router_logits_are_batch_invariant() {
         }
         close(&format!("router_logits 300 tokens experts={experts} d={d}"), &all[..300 * e], &logits(&cpu, 300), 1e-5);
         println!("router logits experts={experts} d={d}: batches of 1, 37, 64, 300 and 1100 give the same bits");
+    }
+}
+
+/// The single-block dispatch of decode batches gives the same bits as the count, plan and place
+/// launches: every output buffer, for random routings with unrouted pairs (-1), empty experts and
+/// experts with many pairs, up to the 1024-pair limit.
+#[test]
+fn gpu_dispatch_small_matches_three_launches() {
+    let Some(dev) = cuda_device_or_skip("gpu_dispatch_small_matches_three_launches") else {
+        return;
+    };
+    let s = dev.default_stream();
+    let seed = fresh_seed();
+    println!("gpu_dispatch_small_matches_three_launches: seed {seed}");
+    let mut rng = SplitMix(seed);
+    for (tokens, experts, top_k, tile) in [
+        (1u32, 256u32, 6u32, 8u32),
+        (5, 16, 2, 8),
+        (64, 256, 6, 8),
+        (96, 32, 6, 16),
+        (170, 512, 6, 16),
+        (128, 8, 8, 128),
+    ] {
+        let shape = MoeShape { tokens, experts, top_k };
+        let pairs = shape.pairs();
+        // A skewed routing: a third of the pairs to expert 3 (when it exists), some unrouted.
+        let ids: Vec<i32> = (0..pairs)
+            .map(|_| match rng.next_u64() % 10 {
+                0 => -1,
+                1..=3 => 3.min(experts as i32 - 1),
+                _ => (rng.next_u64() % experts as u64) as i32,
+            })
+            .collect();
+        let ib = s.upload(&ids).unwrap();
+        let run = |small: bool| {
+            set_moe_dispatch_small(small);
+            let mut d = mops::MoeDispatch::with_tile(&s, shape, tile).unwrap();
+            mops::dispatch(&s, &ib, &mut d).unwrap();
+            set_moe_dispatch_small(true);
+            let nch = s.download(&d.num_chunks).unwrap()[0] as usize;
+            (
+                s.download(&d.counts).unwrap(),
+                s.download(&d.offsets).unwrap(),
+                s.download_range(&d.chunks, 0, 4 * nch).unwrap(),
+                s.download(&d.row_pair).unwrap(),
+                s.download(&d.pair_row).unwrap(),
+            )
+        };
+        assert_eq!(run(true), run(false), "tokens {tokens} experts {experts} top_k {top_k} tile {tile}");
+        println!("dispatch tokens={tokens} experts={experts} top_k={top_k} tile={tile}: one launch == three");
     }
 }

@@ -159,6 +159,32 @@ pub(crate) fn dispatch(stream: &Stream, ids: &DeviceBuffer<i32>, d: &mut MoeDisp
     let be = backend(stream);
     let (e, pairs) = (d.shape.experts, d.shape.pairs() as u32);
     let cap = MoeDispatch::capacity(d.shape, d.tile);
+    if crate::ops::moe_dispatch_small()
+        && pairs as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS
+        && e as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS
+    {
+        let f = be.function("moe", "di_moe_dispatch_small")?;
+        // SAFETY: matches di_moe_dispatch_small (ids, pairs, experts, tile, counts, offsets, chunks,
+        // num_chunks, chunk_cap, row_pair, pair_row); one block of 1024 threads, pairs and experts
+        // <= 1024 (checked above); ids, row_pair and pair_row hold `pairs` entries, counts
+        // `experts`, offsets experts + 1, chunks 4 * cap ints, and rows written are < offsets[E] <= pairs.
+        unsafe {
+            s.launch_builder(&f)
+                .arg(ids.cuda())
+                .arg(&pairs)
+                .arg(&e)
+                .arg(&d.tile)
+                .arg(d.counts.cuda_mut())
+                .arg(d.offsets.cuda_mut())
+                .arg(d.chunks.cuda_mut())
+                .arg(d.num_chunks.cuda_mut())
+                .arg(&cap)
+                .arg(d.row_pair.cuda_mut())
+                .arg(d.pair_row.cuda_mut())
+                .launch(cfg((1, 1, 1), 1024))
+        }?;
+        return Ok(());
+    }
     let count = be.function("moe", "di_moe_count")?;
     // SAFETY: ids holds `pairs` entries and counts `experts` (checked by the op and MoeDispatch::new).
     unsafe {
