@@ -477,6 +477,24 @@ fn main() {
             }
         }
     }
+    // 128-wide k blocks per block of the Hopper decode kernel (the plan's choice: about two blocks
+    // an SM for narrow W, all of k for wq_b): each forced value at m = 1, the plan's stages.
+    for (f, what, n, k) in shapes.into_iter().filter(|s| s.0 == Fp8Block128) {
+        for per in [1u32, 2, 4, 8, 16, 32] {
+            if per > k as u32 / 128 || !wanted(&format!("gemm-per {what} m=1 per={per}")) {
+                continue;
+            }
+            ops::set_fp8_dec_per(per);
+            if ops::gemm_lowp_cuda_kernel(&s, f, &GemmParams::new(1, n as u32, k as u32, true))
+                .is_some_and(|k| k.starts_with("di_gemm_fp8_dec"))
+            {
+                let mut r = gemm_case(&s, &mut rng, f, what, 1, n, k, Mode::Plain);
+                r["dec_per"] = per.into();
+                results.push(r);
+            }
+            ops::set_fp8_dec_per(0);
+        }
+    }
     // Decode batches of 64 rows with FP8 weights (the dense projections at batch 64): the wgmma
     // kernel, which splits k where its 256 x 128 tiles are fewer than the SMs, and (where it
     // splits) the same shape with the split switched off.

@@ -511,6 +511,21 @@ pub fn fp8_dec_stages() -> u32 {
     FP8_DEC_STAGES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static FP8_DEC_PER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// 128-wide k blocks each block of the Hopper decode GEMM (`di_gemm_fp8_dec_*`) multiplies: 0 (the
+/// default) lets the plan choose; another value forces that many (at most k / 128), so k splits
+/// into ceil(k / 128 / per) blocks a row block. A process-wide knob for benchmarks; the split
+/// changes the summation order, so results agree within the GEMM tolerance, not bit for bit.
+pub fn set_fp8_dec_per(per: u32) {
+    FP8_DEC_PER.store(per, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The value [`set_fp8_dec_per`] set.
+pub fn fp8_dec_per() -> u32 {
+    FP8_DEC_PER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The k splits of the Hopper wgmma GEMMs (`di_gemm_fp8_wgmma*`, `di_gemm_fp8_dec_*`) for this shape on `stream`'s GPU;
 /// `None` where that kernel does not run (CPU, other GPUs, other shapes).
 pub fn wgmma_k_splits(stream: &Stream, p: &GemmParams) -> Option<u32> {

@@ -423,7 +423,11 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
     if !wide && tokens == 16 {
         return None;
     }
-    let per = if wide { nk } else { (nk * rb).div_ceil(2 * sms).max(DEC_MIN_PER).min(nk) };
+    let per = match crate::ops::fp8_dec_per() {
+        0 if wide => nk,
+        0 => (nk * rb).div_ceil(2 * sms).max(DEC_MIN_PER).min(nk),
+        forced => forced.min(nk),
+    };
     let splits = nk.div_ceil(per);
     // The outputs (128 x tokens fp32) reuse the ring once the MMAs are done.
     let smem = |stages: u32| 1024 + stages * 16384 + per * tokens * 128 + per * tokens * 4 + 2 * stages * 8;
