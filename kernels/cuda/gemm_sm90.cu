@@ -946,3 +946,70 @@ extern "C" __global__ void __launch_bounds__(512) di_probe_read(const uint4* __r
         atomicXor(out, acc);
     }
 }
+
+// Tensor-pipe probe for decode-shaped MMAs (benchmarks; issue #7's FP4 decode design): each of the
+// block's warpgroups runs `iters` rounds of 16 `wgmma m64nNk32` e4m3 from shared memory (A 64 rows
+// x 512 bytes of k as four 64 x 128-byte blocks, then B N rows likewise, 128-byte swizzle; byte o
+// holds 0, +-0.5 or +-1 by a hash of o, as ops::probe_wgmma states), chained on one accumulator
+// (the round's first overwrites it; the 16 cover k 0..511 once) and waited for once a round. cycles[block] = thread 0's clock cycles
+// for the rounds; sums[tid] = warpgroup 0's thread tid's first sum in block 0 (the CPU computes it
+// through the same swizzle). All-ones operands ran 3.7x faster than the datasheet's FP8 rate for
+// N = 128, so the operands vary. (Summing over all rounds stalls at 2^14: the FP8 tensor cores add
+// with limited precision.)
+#if DI_SM90
+namespace {
+template <int N>
+__device__ __forceinline__ void probe_wgmma_body(uint32_t iters, int32_t* __restrict__ cycles, float* __restrict__ sums) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t* a = base;           // 4 x (64 rows x 128 bytes)
+    uint8_t* b = base + 32768;   // 4 x (N rows x 128 bytes) (N at most 128)
+    for (uint32_t o = threadIdx.x; o < 32768 + 4 * N * 128; o += blockDim.x) {
+        const uint32_t h = (o * 2654435761u) >> 29;  // 0..7 -> 0, 0.5, 1, -0.5, -1, 0.5, 1, 0
+        const uint8_t table[8] = {0x00, 0x30, 0x38, 0xB0, 0xB8, 0x30, 0x38, 0x00};
+        a[o] = table[h];
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    float acc[N / 2];
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) acc[j] = 0.f;
+    const uint32_t aa = smem_addr(a), ba = smem_addr(b);
+    const long long start = clock64();
+    for (uint32_t it = 0; it < iters; ++it) {
+        wgmma_fence_regs(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const uint64_t da = wgmma_desc_sw128(aa + (j / 4) * 8192 + (j % 4) * 32),
+                           db = wgmma_desc_sw128(ba + (j / 4) * N * 128 + (j % 4) * 32);
+            if constexpr (N == 8) wgmma_m64n8k32_e4m3(acc, da, db, j > 0);
+            else if constexpr (N == 16) wgmma_m64n16k32_e4m3(acc, da, db, j > 0);
+            else wgmma_m64n128k32_e4m3(acc, da, db, j > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+    }
+    const long long end = clock64();
+    if (threadIdx.x == 0) cycles[blockIdx.x] = static_cast<int32_t>(end - start);
+    if (blockIdx.x == 0 && threadIdx.x < 128) {  // every sum of the thread (all N columns)
+        float all = 0.f;
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) all += acc[j];
+        sums[threadIdx.x] = all;
+    }
+}
+}  // namespace
+#define DI_PROBE_WGMMA_BODY(N) probe_wgmma_body<N>(iters, cycles, sums)
+#else
+#define DI_PROBE_WGMMA_BODY(N) __trap()
+#endif
+#define DI_PROBE_WGMMA(N)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
+        di_probe_wgmma_n##N(uint32_t iters, int32_t* __restrict__ cycles, float* __restrict__ sums) {          \
+        DI_PROBE_WGMMA_BODY(N);                                                                               \
+    }
+DI_PROBE_WGMMA(8)
+DI_PROBE_WGMMA(16)
+DI_PROBE_WGMMA(128)

@@ -419,6 +419,42 @@ fn main() {
         (Fp4Row32, "experts.w13", 4096, 4096),
         (Fp4Row32, "experts.w2", 4096, 2048),
     ];
+    // What one decode-shaped FP8 wgmma occupies an SM's tensor pipe (ops::probe_wgmma): the
+    // question of an FP4 decode kernel that widens weights to e4m3 (one m64n8k32 a 1 KB of FP4,
+    // against ~18.6 bytes a cycle an SM at 4.3 TB/s on 132 SMs at 1.755 GHz: ~55 cycles a wgmma).
+    for n in [8u32, 16, 128] {
+        for wg in [1u32, 2, 3] {
+            if !wanted(&format!("probe-wgmma n={n} wg={wg}")) {
+                continue;
+            }
+            // Long enough (~1 ms) that the launch is noise in the event-timed wall clock, which
+            // converts the kernel's clock cycles to time (the SM clock it ran at).
+            let iters = 8192;
+            let mut cycles = s.zeros::<i32>(8).unwrap();
+            let mut sums = s.zeros::<f32>(128).unwrap();
+            ops::probe_wgmma(&s, n, wg, iters, &mut cycles, &mut sums).unwrap();
+            let a = s.record_event().unwrap();
+            ops::probe_wgmma(&s, n, wg, iters, &mut cycles, &mut sums).unwrap();
+            let b = s.record_event().unwrap();
+            let wall_ms = a.elapsed_ms(&b).unwrap() as f64;
+            let sums = s.download(&sums).unwrap();
+            let want: Vec<f32> = (0..128).map(|t| ops::probe_wgmma_sum(n, t)).collect();
+            assert_eq!(sums, want, "probe_wgmma sums");
+            let c: Vec<f32> = s.download(&cycles).unwrap().iter().map(|v| *v as f32).collect();
+            let total = median(c);
+            let wgmmas = 16.0 * iters as f64 * wg as f64;
+            let per = total / wgmmas;
+            let ghz = total / (wall_ms * 1e6);
+            let ns = wall_ms * 1e6 / wgmmas;
+            let tflops = 2.0 * 64.0 * n as f64 * 32.0 * wgmmas / (wall_ms * 1e-3) / 1e12;
+            println!(
+                "probe_wgmma m64n{n}k32 e4m3, {wg} warpgroup(s) an SM: {per:.1} cycles ({ns:.2} ns) a wgmma on the SM's tensor pipe; clock {ghz:.2} GHz; {tflops:.1} TFLOP/s an SM"
+            );
+            results.push(serde_json::json!({"op": "probe_wgmma", "n": n, "warpgroups": wg, "iters": iters,
+                "cycles_per_wgmma_per_sm": per, "ns_per_wgmma_per_sm": ns, "wall_ms": wall_ms,
+                "clock_ghz": ghz, "tflop_per_s_per_sm": tflops}));
+        }
+    }
     // What reading each weight's bytes alone costs in the same harness.
     for (f, what, n, k) in shapes {
         if wanted(&format!("probe {what}")) {

@@ -189,6 +189,81 @@ pub fn gemm_lowp(
     }
 }
 
+/// The value of byte `o` of the wgmma probe's operands (A's 64 x 128 bytes, then B's): 0, ±0.5 or
+/// ±1 by a multiplicative hash of `o`.
+fn probe_wgmma_value(o: usize) -> f64 {
+    [0.0, 0.5, 1.0, -0.5, -1.0, 0.5, 1.0, 0.0][((o as u32).wrapping_mul(2_654_435_761) >> 29) as usize]
+}
+
+/// The total of thread `t`'s sums in the wgmma probe with N columns: its accumulator elements are
+/// rows 16 (t / 32) + t % 32 / 4 (+ 8) of A against rows 8 j + 2 (t % 4) (+ 1) of B, j < N / 8,
+/// each over k 0..511 (the round's 16 k32 steps), each operand byte at its 128-byte-swizzled place:
+/// 128-wide k block k / 128 of its operand, then 16-byte chunk (k % 128) / 16 of the row at chunk
+/// ((k % 128) / 16) ^ (row % 8).
+pub fn probe_wgmma_sum(n: u32, t: usize) -> f32 {
+    let at = |rows: usize, row: usize, k: usize| {
+        (k / 128) * rows * 128 + row * 128 + ((((k % 128) / 16) ^ (row % 8)) * 16) + k % 16
+    };
+    let dot = |r: usize, c: usize| -> f64 {
+        (0..512).map(|k| probe_wgmma_value(at(64, r, k)) * probe_wgmma_value(32768 + at(n as usize, c, k))).sum()
+    };
+    let r0 = 16 * (t / 32) + t % 32 / 4;
+    let mut total = 0.0;
+    for j in 0..n as usize / 8 {
+        for (dr, dc) in [(0, 0), (0, 1), (8, 0), (8, 1)] {
+            total += dot(r0 + dr, 8 * j + 2 * (t % 4) + dc);
+        }
+    }
+    total as f32
+}
+
+/// The tensor-pipe probe for decode-shaped MMAs: `blocks` blocks of `warpgroups` (1-3) warpgroups
+/// each run `iters` rounds of 16 `wgmma m64nNk32` e4m3 (N = 8, 16 or 128) back to back on one
+/// accumulator that each round starts afresh, the operands in shared memory with byte o of A then B
+/// holding 0, ±0.5 or ±1 by a hash of o ([`probe_wgmma_sum`]). `cycles[b]` gets block b's clock
+/// cycles for them (on the CPU, 0), and `sums[t]` the total of thread t's sums (of the first
+/// warpgroup; all N columns), as [`probe_wgmma_sum`] computes it. Cycles / (16 * iters * warpgroups) is what one such MMA occupies the SM's tensor
+/// pipe: the design question of a decode kernel that would widen FP4 into e4m3 operands (one
+/// `wgmma` a 1 KB of FP4 at N = 8).
+pub fn probe_wgmma(
+    stream: &Stream,
+    n: u32,
+    warpgroups: u32,
+    iters: u32,
+    cycles: &mut DeviceBuffer<i32>,
+    sums: &mut DeviceBuffer<f32>,
+) -> Result<()> {
+    const OP: &str = "probe_wgmma";
+    if ![8, 16, 128].contains(&n) {
+        return Err(FfiError::shape(OP, "n", format!("{n}: the probe has N = 8, 16 and 128")));
+    }
+    if !(1..=3).contains(&warpgroups) {
+        return Err(FfiError::shape(OP, "warpgroups", format!("{warpgroups}: 1 to 3 a block")));
+    }
+    if iters == 0 || iters > 1 << 16 {
+        return Err(FfiError::shape(OP, "iters", format!("{iters}: 1 to 65536 (the cycles stay in 31 bits)")));
+    }
+    if cycles.is_empty() {
+        return Err(FfiError::shape(OP, "cycles", "one entry a block, at least one block"));
+    }
+    check_len(OP, "sums", sums, 128)?;
+    stream.check_on(OP, "cycles", cycles)?;
+    stream.check_on(OP, "sums", sums)?;
+    match (&mut cycles.storage, &mut sums.storage) {
+        (Storage::Host(c), Storage::Host(s)) => {
+            c.iter_mut().for_each(|v| *v = 0);
+            s[..128].iter_mut().enumerate().for_each(|(t, v)| *v = probe_wgmma_sum(n, t));
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(_), Storage::Cuda(_)) => {
+            crate::cuda::launch::probe_wgmma(stream, n, warpgroups, iters, cycles, sums)
+        }
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified both buffers are on the stream's device"),
+    }
+}
+
 /// Reads every byte of `buf` and xors its little-endian 32-bit words into `out[0]`: the memory
 /// streaming probe the decode GEMM benchmark times beside the GEMMs (what merely reading a weight's
 /// bytes costs on this GPU, with or without programmatic dependent launch: [`set_pdl`]). The CPU

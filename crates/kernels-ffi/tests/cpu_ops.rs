@@ -191,6 +191,32 @@ proptest! {
     }
 }
 
+/// The tensor-pipe probe's sums on the CPU (what every GPU thread must hold), its zero cycles, and
+/// its refusals naming the field.
+#[test]
+fn probe_wgmma_states_its_sums_and_names_bad_fields() {
+    use deepinfer_kernels_ffi::ops::probe_wgmma;
+    let s = deepinfer_kernels_ffi::Device::cpu().default_stream();
+    let mut cycles = s.upload(&[7i32; 3]).unwrap();
+    let mut sums = s.zeros::<f32>(128).unwrap();
+    probe_wgmma(&s, 8, 2, 5, &mut cycles, &mut sums).unwrap();
+    assert_eq!(s.download(&cycles).unwrap(), vec![0; 3]);
+    let want: Vec<f32> = (0..128).map(|t| deepinfer_kernels_ffi::ops::probe_wgmma_sum(8, t)).collect();
+    assert_eq!(s.download(&sums).unwrap(), want);
+    // The hashed operands make the rows' sums differ (an all-equal pattern would hide a layout slip).
+    assert!(want.iter().any(|v| *v != want[0]), "{want:?}");
+    for (n, wg, iters, field) in [(32u32, 1u32, 1u32, "`n`"), (8, 4, 1, "`warpgroups`"), (16, 1, 0, "`iters`")] {
+        let err = probe_wgmma(&s, n, wg, iters, &mut cycles, &mut sums).unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+    }
+    let mut short = s.zeros::<f32>(64).unwrap();
+    let err = probe_wgmma(&s, 8, 1, 1, &mut cycles, &mut short).unwrap_err().to_string();
+    assert!(err.contains("`sums`"), "{err}");
+    let mut none = s.upload::<i32>(&[]).unwrap();
+    let err = probe_wgmma(&s, 8, 1, 1, &mut none, &mut sums).unwrap_err().to_string();
+    assert!(err.contains("`cycles`"), "{err}");
+}
+
 /// The probe refuses a length that is not a multiple of 16 (naming `buf`) and an empty `out`.
 #[test]
 fn probe_read_names_bad_fields() {

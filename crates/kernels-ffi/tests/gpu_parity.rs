@@ -296,6 +296,32 @@ fn gpu_probe_read_matches_cpu() {
     assert!(err.contains("buf"), "{err}");
 }
 
+/// The tensor-pipe probe's sums on the GPU equal the CPU's statement (each thread's first sum from
+/// the hashed operands through the swizzle, for N = 8, 16, 128, one to three warpgroups and up to
+/// 512 rounds), and every block reports a
+/// positive cycle count. Skipped off sm_90 (the probe is Hopper's wgmma).
+#[test]
+fn gpu_probe_wgmma_matches_cpu() {
+    let Some(dev) = cuda_device_or_skip("gpu_probe_wgmma_matches_cpu") else { return };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    if ops::wgmma_k_splits(&gpu, &deepinfer_kernels_ffi::GemmParams::new(4096, 4096, 4096, true)).is_none() {
+        println!("gpu_probe_wgmma_matches_cpu: SKIPPED (not an sm_90 GPU)");
+        return;
+    }
+    for (n, wg, iters) in [(8u32, 1u32, 3u32), (16, 2, 7), (128, 3, 2), (8, 3, 512)] {
+        let run = |s: &Stream| {
+            let mut cycles = s.zeros::<i32>(4).unwrap();
+            let mut sums = s.zeros::<f32>(128).unwrap();
+            ops::probe_wgmma(s, n, wg, iters, &mut cycles, &mut sums).unwrap();
+            (s.download(&cycles).unwrap(), s.download(&sums).unwrap())
+        };
+        let (cycles, sums) = run(&gpu);
+        assert_eq!(sums, run(&cpu).1, "probe_wgmma n={n} warpgroups={wg} iters={iters}");
+        assert!(cycles.iter().all(|c| *c > 0), "probe_wgmma n={n}: cycles {cycles:?}");
+    }
+}
+
 /// Decode GEMMs with FP8 (with and without activation quantisation) and FP4 weights, every batch
 /// tile (m = 1..16), odd n and k that are not multiples of the k tile, CUDA-core and tensor-core
 /// kernels (split over k and not). Tolerance: both sides sum

@@ -858,6 +858,35 @@ pub(crate) fn probe_read(stream: &Stream, buf: &DeviceBuffer<u8>, out: &mut Devi
     unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
 }
 
+/// `di_probe_wgmma_n{n}` (ops::probe_wgmma): one block of `warpgroups` warpgroups per entry of
+/// `cycles`; the op checked n, warpgroups, iters and the lengths.
+pub(crate) fn probe_wgmma(
+    stream: &Stream,
+    n: u32,
+    warpgroups: u32,
+    iters: u32,
+    cycles: &mut DeviceBuffer<i32>,
+    sums: &mut DeviceBuffer<f32>,
+) -> Result<()> {
+    let be = backend(stream);
+    if !be.is_sm90() {
+        return Err(crate::FfiError::shape("probe_wgmma", "stream", "the wgmma probe needs an sm_90 GPU"));
+    }
+    let s = stream.cuda_stream("probe_wgmma", "cycles")?;
+    // 1024 bytes of alignment slack, A (64 x 512 bytes) and B (up to 128 x 512 bytes).
+    let smem = 1024 + 4 * 8192 + 4 * 128 * 128;
+    let f = be.function_with_smem("gemm_sm90", &format!("di_probe_wgmma_n{n}"), smem)?;
+    let cfg = LaunchConfig {
+        grid_dim: (cycles.len() as u32, 1, 1),
+        block_dim: (128 * warpgroups, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    // SAFETY: di_probe_wgmma_n* takes (iters, cycles, sums); cycles holds one entry a block and sums
+    // 128 (checked by the op).
+    unsafe { s.launch_builder(&f).arg(&iters).arg(cycles.cuda_mut()).arg(sums.cuda_mut()).launch(cfg) }?;
+    Ok(())
+}
+
 pub(crate) fn gemm_bf16(
     stream: &Stream,
     x: &CudaSlice<half::bf16>,
