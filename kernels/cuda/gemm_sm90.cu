@@ -951,15 +951,16 @@ extern "C" __global__ void __launch_bounds__(512) di_probe_read(const uint4* __r
 // block's warpgroups runs `iters` rounds of 16 `wgmma m64nNk32` e4m3 from shared memory (A 64 rows
 // x 512 bytes of k as four 64 x 128-byte blocks, then B N rows likewise, 128-byte swizzle; byte o
 // holds 0, +-0.5 or +-1 by a hash of o, as ops::probe_wgmma states), chained on one accumulator
-// (the round's first overwrites it; the 16 cover k 0..511 once) and waited for once a round. cycles[block] = thread 0's clock cycles
-// for the rounds; sums[tid] = warpgroup 0's thread tid's first sum in block 0 (the CPU computes it
-// through the same swizzle). All-ones operands ran 3.7x faster than the datasheet's FP8 rate for
-// N = 128, so the operands vary. (Summing over all rounds stalls at 2^14: the FP8 tensor cores add
-// with limited precision.)
+// (the round's first overwrites it; the 16 cover k 0..511 once) and waited for once a round.
+// cycles[block] = thread 0's clock cycles for the rounds; sums[tid] = the total of warpgroup 0's
+// thread tid's sums in block 0, all N columns (the CPU computes it through the same swizzle).
+// (Summing over all rounds instead stalls at 2^14: the FP8 tensor cores add with limited
+// precision.)
 #if DI_SM90
 namespace {
 template <int N>
-__device__ __forceinline__ void probe_wgmma_body(uint32_t iters, int32_t* __restrict__ cycles, float* __restrict__ sums) {
+__device__ __forceinline__ void probe_wgmma_body(uint32_t iters, int32_t* __restrict__ cycles,
+                                                 float* __restrict__ sums) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* a = base;           // 4 x (64 rows x 128 bytes)

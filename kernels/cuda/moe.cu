@@ -150,7 +150,8 @@ extern "C" __global__ void di_moe_router_logits_reduce(const float* __restrict__
     float v = 0.f;
     for (uint32_t g = 0; g * fold < slices; ++g) {
         float p = 0.f;
-        for (uint32_t j = 0; j < fold && g * fold + j < slices; ++j) p += partial[static_cast<size_t>(g * fold + j) * n + i];
+        for (uint32_t j = 0; j < fold && g * fold + j < slices; ++j)
+            p += partial[static_cast<size_t>(g * fold + j) * n + i];
         v += p;
     }
     logits[i] = v;

@@ -222,9 +222,9 @@ pub fn probe_wgmma_sum(n: u32, t: usize) -> f32 {
 /// accumulator that each round starts afresh, the operands in shared memory with byte o of A then B
 /// holding 0, ±0.5 or ±1 by a hash of o ([`probe_wgmma_sum`]). `cycles[b]` gets block b's clock
 /// cycles for them (on the CPU, 0), and `sums[t]` the total of thread t's sums (of the first
-/// warpgroup; all N columns), as [`probe_wgmma_sum`] computes it. Cycles / (16 * iters * warpgroups) is what one such MMA occupies the SM's tensor
-/// pipe: the design question of a decode kernel that would widen FP4 into e4m3 operands (one
-/// `wgmma` a 1 KB of FP4 at N = 8).
+/// warpgroup; all N columns), as [`probe_wgmma_sum`] computes it. Cycles / (16 * iters *
+/// warpgroups) is how often such chained MMAs retire on an SM: the design question of a decode
+/// kernel that would widen FP4 into e4m3 operands (one `wgmma` a 1 KB of FP4 at N = 8).
 pub fn probe_wgmma(
     stream: &Stream,
     n: u32,
