@@ -323,6 +323,21 @@ impl Stream {
         Ok(())
     }
 
+    /// Make the work queued on this stream from now on wait until `ev` (recorded on another stream
+    /// of the same device) has completed: how work is ordered across streams (buffers are not
+    /// tracked per stream). A no-op on the CPU, whose streams run in order.
+    pub fn wait_event(&self, ev: &Event) -> Result<()> {
+        match &ev.inner {
+            EventInner::Host(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            EventInner::Cuda(e) => {
+                let s = self.cuda_stream("wait_event", "ev")?;
+                s.wait(e)?;
+                Ok(())
+            }
+        }
+    }
+
     /// An event marking the work queued so far, for timing (`Event::elapsed_ms`).
     pub fn record_event(&self) -> Result<Event> {
         #[cfg(feature = "cuda")]

@@ -17,7 +17,7 @@ use deepinfer_kernels_ffi::moe::{self as mops, MoeShape, RouteBy};
 use deepinfer_kernels_ffi::ops::{set_fp4_stream, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
-use deepinfer_moe::layer::{forward, MoeWeights, MoeWorkspace, RandomMoe};
+use deepinfer_moe::layer::{forward, set_shared_expert_overlap, MoeWeights, MoeWorkspace, RandomMoe};
 use half::bf16;
 
 fn f32s<T: Element>(s: &Stream, b: &DeviceBuffer<T>, n: usize) -> Vec<f32> {
@@ -163,9 +163,18 @@ fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
     let out_g = f32s(gpu, &outg, t * d);
     assert!(out_g.iter().all(|v| v.is_finite()), "{tag}: output has unwritten (NaN) elements");
     close(&format!("layer output {tag}"), &out_g, &f32s(&cpu, &outc, t * d), 2e-2);
-    // Deterministic: a second run gives the same bits.
+    // Deterministic: a second run gives the same bits, and so does one with the shared expert on
+    // the caller's stream instead of overlapped on the workspace's second stream.
     let (_, outg2) = run(gpu, &wg);
     assert_eq!(gpu.download(&outg2).unwrap(), gpu.download(&outg).unwrap(), "{tag}: two GPU runs differ");
+    set_shared_expert_overlap(false);
+    let (_, outg3) = run(gpu, &wg);
+    set_shared_expert_overlap(true);
+    assert_eq!(
+        gpu.download(&outg3).unwrap(),
+        gpu.download(&outg).unwrap(),
+        "{tag}: the shared expert on one stream differs from overlapped"
+    );
 }
 
 #[test]

@@ -66,6 +66,11 @@ impl CudaBackend {
             return Err(FfiError::NoSuchDevice { ordinal, count });
         }
         let ctx = CudaContext::new(ordinal)?;
+        // SAFETY: called before any buffer exists. With event tracking on, cudarc would record and
+        // wait on events for every buffer of every launch as soon as a second stream exists; this
+        // crate orders work across its streams itself (Stream::wait_event), and every buffer is
+        // freed on the stream that last used it or after such a wait.
+        unsafe { ctx.disable_event_tracking() };
         if ctx.has_async_alloc() {
             keep_freed_memory_pooled(&ctx)?;
         }
