@@ -193,7 +193,7 @@ pub fn forward(
     ws: &mut MoeWorkspace,
     out: &mut DeviceBuffer<bf16>,
 ) -> Result<(), FfiError> {
-    let (t, e, d, i) = (ws.tokens, w.experts(), w.dim, w.inter);
+    let (t, e, d) = (ws.tokens, w.experts(), w.dim);
     let shape = MoeShape { tokens: t, experts: e, top_k: w.top_k };
     if ws.dispatch.shape != shape {
         return Err(FfiError::Shape {
@@ -202,28 +202,58 @@ pub fn forward(
             detail: format!("the workspace was made for {:?}, the layer needs {shape:?}", ws.dispatch.shape),
         });
     }
+    if w.hash.is_some() && token_ids.is_none() {
+        return Err(FfiError::Shape {
+            op: "moe forward",
+            field: "token_ids",
+            detail: "a hash-routed layer needs the token ids".into(),
+        });
+    }
     // The shared expert depends only on x: with the overlap on it runs on the second stream while
-    // this one routes and runs the routed experts, and the combine waits for it.
+    // this one routes and runs the routed experts, and the combine waits for it. The join is
+    // recorded and waited for even when a step fails, so this stream never runs past (or frees
+    // buffers under) work already queued on the other.
     let side = shared_expert_overlap() && w.shared.is_some() && t <= SHARED_OVERLAP_MAX_TOKENS;
-    let join = if side {
+    let overlapped = if side {
         let side_stream = ws.side.clone();
         side_stream.wait_event(&stream.record_event()?)?;
-        shared_expert(&side_stream, w, x, ws)?;
-        Some(side_stream.record_event()?)
+        let done = shared_expert(&side_stream, w, x, ws);
+        Some((done, side_stream.record_event()?))
     } else {
         None
     };
+    let routed = routed_experts(stream, w, x, token_ids, ws);
+    match overlapped {
+        Some((done, join)) => {
+            stream.wait_event(&join)?;
+            done?;
+            routed?;
+        }
+        None => {
+            routed?;
+            shared_expert(stream, w, x, ws)?;
+        }
+    }
+    let shared = w.shared.as_ref().map(|_| &ws.shared_y);
+    ops::combine(stream, &ws.y, &ws.routed, &ws.dispatch, shared, out, d, true)
+}
+
+/// The router and the routed experts of `w` on `stream`, into `ws.y` (permuted rows) with the
+/// routing in `ws.routed` and `ws.dispatch`. The caller checked the workspace's shape and that a
+/// hash-routed layer has its token ids.
+fn routed_experts(
+    stream: &Stream,
+    w: &MoeWeights,
+    x: &DeviceBuffer<bf16>,
+    token_ids: Option<&DeviceBuffer<i32>>,
+    ws: &mut MoeWorkspace,
+) -> Result<(), FfiError> {
+    let (t, e, d, i) = (ws.tokens, w.experts(), w.dim, w.inter);
+    let shape = ws.dispatch.shape;
     ops::router_logits(stream, x, &w.gate, &mut ws.logits, t, e, d)?;
     let by = match (&w.hash, token_ids) {
         (Some(h), Some(ids)) => RouteBy::Hash { tid2eid: &h.tid2eid, token_ids: ids, vocab: h.vocab },
-        (Some(_), None) => {
-            return Err(FfiError::Shape {
-                op: "moe forward",
-                field: "token_ids",
-                detail: "a hash-routed layer needs the token ids".into(),
-            })
-        }
-        (None, _) => RouteBy::Score { bias: w.bias.as_ref() },
+        _ => RouteBy::Score { bias: w.bias.as_ref() },
     };
     ops::route(stream, &ws.logits, &by, w.scaling, shape, &mut ws.routed)?;
     ops::dispatch(stream, &ws.routed.ids, &mut ws.dispatch)?;
@@ -237,13 +267,7 @@ pub fn forward(
     // prefill tiles it would only add a rounding pass).
     let hin = GroupedInput::Rows(&ws.h);
     let requantize = ws.dispatch.tile <= 16;
-    ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)?;
-    match join {
-        Some(j) => stream.wait_event(&j)?,
-        None => shared_expert(stream, w, x, ws)?,
-    }
-    let shared = w.shared.as_ref().map(|_| &ws.shared_y);
-    ops::combine(stream, &ws.y, &ws.routed, &ws.dispatch, shared, out, d, true)
+    ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)
 }
 
 /// The shared expert of `w` on `stream`: gate/up (one GEMM over the stacked w13), SwiGLU, down, into
