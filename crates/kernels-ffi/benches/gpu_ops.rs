@@ -161,6 +161,33 @@ const GEMM_FLOOR_BYTES_PER_S: f64 = 4.3e12;
 /// Enough copies of a weight that a timed cycle over them streams more than 4x the 60 MB L2.
 const GEMM_STREAM_BYTES: usize = 256 << 20;
 
+/// A decode GEMM with one knob of the Hopper decode kernel forced (`knob` = its setter, the JSON key
+/// and the value; the setter goes back to 0, the plan's choice, afterwards), tagged with the value;
+/// `None` where the shape does not run that kernel.
+#[allow(clippy::too_many_arguments)]
+fn dec_forced_case(
+    s: &Stream,
+    rng: &mut SplitMix,
+    knob: (fn(u32), &str, u32),
+    f: ops::WeightFormat,
+    what: &str,
+    m: u32,
+    n: usize,
+    k: usize,
+) -> Option<serde_json::Value> {
+    let (set, key, value) = knob;
+    set(value);
+    let r = ops::gemm_lowp_cuda_kernel(s, f, &GemmParams::new(m, n as u32, k as u32, true))
+        .is_some_and(|kernel| kernel.starts_with("di_gemm_fp8_dec"))
+        .then(|| {
+            let mut r = gemm_case(s, rng, f, what, m, n, k, Mode::Plain);
+            r[key] = value.into();
+            r
+        });
+    set(0);
+    r
+}
+
 /// One decode GEMM shape: our FP8 or FP4 kernel, then cuBLASLt bf16 on the same shape, each over
 /// rotating copies of the weight (so every launch reads HBM).
 #[allow(clippy::too_many_arguments)]
@@ -498,18 +525,10 @@ fn main() {
     for (f, what, n, k) in shapes.into_iter().filter(|s| s.2 * s.3 >= 32 << 20) {
         for m in [1u32, 16] {
             for stages in [2u32, 3, 4, 5, 6] {
-                if !wanted(&format!("gemm-stages {what} m={m} s={stages}")) {
-                    continue;
+                if wanted(&format!("gemm-stages {what} m={m} s={stages}")) {
+                    let knob = (ops::set_fp8_dec_stages as fn(u32), "dec_stages", stages);
+                    results.extend(dec_forced_case(&s, &mut rng, knob, f, what, m, n, k));
                 }
-                ops::set_fp8_dec_stages(stages);
-                if ops::gemm_lowp_cuda_kernel(&s, f, &GemmParams::new(m, n as u32, k as u32, true))
-                    .is_some_and(|k| k.starts_with("di_gemm_fp8_dec"))
-                {
-                    let mut r = gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain);
-                    r["dec_stages"] = stages.into();
-                    results.push(r);
-                }
-                ops::set_fp8_dec_stages(0);
             }
         }
     }
@@ -517,18 +536,10 @@ fn main() {
     // an SM for narrow W, all of k for wq_b): each forced value at m = 1, the plan's stages.
     for (f, what, n, k) in shapes.into_iter().filter(|s| s.0 == Fp8Block128) {
         for per in [1u32, 2, 4, 8, 16, 32] {
-            if per > k as u32 / 128 || !wanted(&format!("gemm-per {what} m=1 per={per}")) {
-                continue;
+            if per <= k as u32 / 128 && wanted(&format!("gemm-per {what} m=1 per={per}")) {
+                let knob = (ops::set_fp8_dec_per as fn(u32), "dec_per", per);
+                results.extend(dec_forced_case(&s, &mut rng, knob, f, what, 1, n, k));
             }
-            ops::set_fp8_dec_per(per);
-            if ops::gemm_lowp_cuda_kernel(&s, f, &GemmParams::new(1, n as u32, k as u32, true))
-                .is_some_and(|k| k.starts_with("di_gemm_fp8_dec"))
-            {
-                let mut r = gemm_case(&s, &mut rng, f, what, 1, n, k, Mode::Plain);
-                r["dec_per"] = per.into();
-                results.push(r);
-            }
-            ops::set_fp8_dec_per(0);
         }
     }
     // Decode batches of 64 rows with FP8 weights (the dense projections at batch 64): the wgmma
