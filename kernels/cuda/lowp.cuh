@@ -73,6 +73,16 @@ __device__ __forceinline__ float block_values(const __nv_bfloat16* __restrict__ 
     return pow2_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
 }
 
+// Eight e2m1 codes (low nibble first) -> the e4m3 bytes of their values times 2^-6, exactly: a
+// code s|e1 e0|m placed at bits 7 and 4..2 of a byte is the e4m3 s|0 0 e1 e0|m 0 0, whose value is
+// the code's times 2^-6 (0.5, e = 0, lands on an e4m3 subnormal). lo holds codes 0, 2, 4, 6 (the
+// low nibbles of the word's bytes), hi codes 1, 3, 5, 7. `quant::fp4x8_to_e4m3_lo6` (crates/kernels-ffi)
+// is the same bit operations; its test checks every code in every position.
+__device__ __forceinline__ void fp4x8_to_e4m3_lo6(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    lo = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);
+    hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
 // Eight e2m1 codes (low nibble first) -> four bf16x2 words times a power-of-two scale (exact): the
 // magnitudes through a byte-permute table of their bf16 bytes, the sign bits moved to bit 15.
 __device__ __forceinline__ void fp4x8_to_bf16(uint32_t w, __nv_bfloat162 scale, uint32_t* out) {

@@ -337,6 +337,32 @@ __device__ __forceinline__ void wgmma_rs_bf16<128>(float (&d)[64], const uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1u));
 }
 
+// d (64 x N fp32) = A (64 x 32 e4m3, in registers: each warp's 16 rows in the mma.m16n8k32 A
+// fragment layout, a[0..3] = (row g, k 4q..4q+3), (g + 8, 4q..), (g, 16 + 4q..), (g + 8, 16 + 4q..)
+// with g = lane / 4, q = lane % 4) . B (N x 32 e4m3, K-major in shared memory), for N = 8, 16;
+// overwrites d (scale-d 0).
+template <int N>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db);
+
+template <>
+__device__ __forceinline__ void wgmma_rs_e4m3<8>(float (&d)[4], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0u));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs_e4m3<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0u));
+}
+
 // Descriptor of an MN-major operand stored with the 128-byte swizzle: atoms of 64 bf16 columns x 8
 // k rows (1024 bytes); `lbo` bytes between atoms along the columns, 1024 between 8-row groups along k.
 __device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t addr, uint32_t lbo) {

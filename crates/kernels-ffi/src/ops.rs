@@ -524,6 +524,17 @@ kernel_switch!(
 );
 
 kernel_switch!(
+    FP4_DEC_WGMMA,
+    /// Whether grouped FP4 GEMMs over chunks of up to 16 rows with activation quantisation (MoE
+    /// layers at decode) run the Hopper kernel on the FP8 tensor cores on an sm_90 GPU
+    /// (`di_gemm_fp4q_wg_n*`, the default: W widened to e4m3 in registers as the wgmma A operand) or
+    /// the mma.sync decode kernels: a process-wide switch for A/B benchmarks; results agree within
+    /// the GEMM tolerance.
+    set_fp4_dec_wgmma,
+    fp4_dec_wgmma
+);
+
+kernel_switch!(
     MOE_DISPATCH_SMALL,
     /// Whether MoE dispatches of up to [`crate::moe::DISPATCH_SMALL_MAX_PAIRS`] pairs (decode
     /// batches) run as one single-block launch on CUDA (`di_moe_dispatch_small`, the default) or as

@@ -74,6 +74,26 @@ pub fn fp4x8_to_bf16_pairs_lo126(w: u32) -> [u32; 4] {
     ]
 }
 
+/// Eight e2m1 codes as the two words of e4m3 bytes the Hopper grouped FP4 decode GEMM widens them
+/// to (`fp4x8_to_e4m3_lo6` in kernels/cuda/lowp.cuh, the same bit operations): codes 0, 2, 4, 6 in
+/// the bytes of the first word, codes 1, 3, 5, 7 in the second, each value times 2^-6. A code
+/// s|e1 e0|m placed at bits 7 and 4..2 of a byte is the e4m3 s|0 0 e1 e0|m 0 0, exactly the code's
+/// value times 2^-6 (0.5, e = 0, is an e4m3 subnormal); the kernel multiplies the 2^6 back into
+/// the activation scale.
+pub fn fp4x8_to_e4m3_lo6(w: u32) -> [u32; 2] {
+    [((w & 0x0707_0707) << 2) | ((w & 0x0808_0808) << 4), ((w >> 2) & 0x1C1C_1C1C) | (w & 0x8080_8080)]
+}
+
+/// Where element k of an x row goes in the copy the Hopper grouped FP4 decode GEMM reads
+/// (`di_quantize_x_fp4dec`): within each 32-wide group (one wgmma k step, one FP4 scale group), the
+/// even k first, then the odd ones: slot j holds k = 2 j for j < 16 and 2 (j - 16) + 1 after. That
+/// is the k-slot order of the wgmma A fragment that [`fp4x8_to_e4m3_lo6`] fills: thread q's slots
+/// 4 q.. take the even codes of its word (bytes 4 q.. of the group's 16), slots 16 + 4 q.. the odd.
+pub fn fp4_dec_x_position(k: usize) -> usize {
+    let b = k % 32;
+    k - b + if b.is_multiple_of(2) { b / 2 } else { 16 + b / 2 }
+}
+
 /// Where element k of an x row goes in the copy the Hopper grouped FP4 prefill GEMM reads
 /// (`di_quantize_fp8_rows` with `permute`): within each 64-wide block, k = 16 q + 8 h + 4 e + kk goes
 /// to 16 kk + 2 q + e + 8 h. That is the k of the wgmma A-fragment slot (k block kk, column
@@ -332,6 +352,46 @@ mod tests {
             let v = e4m3_to_f32(b);
             if v.is_finite() {
                 assert_eq!(half::f16::from_f32(v).to_f32(), v, "e4m3 byte {b:#x}");
+            }
+        }
+    }
+
+    /// The e4m3 widening of the Hopper FP4 decode GEMM: every code in every position lands in its
+    /// word (evens first, odds second) and byte as exactly its value times 2^-6.
+    #[test]
+    fn fp4_codes_as_e4m3_bytes_are_exact() {
+        let lo6 = 2f32.powi(-6);
+        for w in fp4_code_words() {
+            let words = fp4x8_to_e4m3_lo6(w);
+            for i in 0..8 {
+                let byte = (words[i % 2] >> (8 * (i / 2))) as u8;
+                let got = e4m3_to_f32(byte);
+                let want = FP4_LUT[((w >> (4 * i)) & 0xF) as usize] * lo6;
+                assert!(
+                    got == want && got.is_sign_negative() == want.is_sign_negative(),
+                    "word {w:#x} element {i}: byte {byte:#x} is {got}, want {want}"
+                );
+            }
+        }
+    }
+
+    /// The decode GEMM's x order is a permutation within each 32-wide group, and slot j of a group
+    /// holds the element the widened W byte in slot j multiplies: word q of the group's four holds
+    /// elements 8 q.., its even elements go to slots 4 q.., its odd ones to 16 + 4 q...
+    #[test]
+    fn fp4_dec_x_positions_match_the_widened_slots() {
+        let mut seen = [false; 64];
+        for k in 0..64 {
+            let p = fp4_dec_x_position(k);
+            assert_eq!(p / 32, k / 32, "k {k} left its group");
+            assert!(!seen[p], "slot {p} taken twice");
+            seen[p] = true;
+        }
+        for q in 0..4 {
+            for i in 0..8 {
+                let k = 8 * q + i; // element i of word q
+                let slot = if i % 2 == 0 { 4 * q + i / 2 } else { 16 + 4 * q + i / 2 };
+                assert_eq!(fp4_dec_x_position(k), slot, "word {q} element {i}");
             }
         }
     }

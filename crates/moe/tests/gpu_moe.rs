@@ -14,7 +14,9 @@
 //!   to a few elements per thousand; 2e-2 bounds that with room.
 
 use deepinfer_kernels_ffi::moe::{self as mops, MoeShape, RouteBy};
-use deepinfer_kernels_ffi::ops::{set_fp4_stream, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat};
+use deepinfer_kernels_ffi::ops::{
+    set_fp4_dec_wgmma, set_fp4_stream, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat,
+};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
 use deepinfer_moe::layer::{forward, set_shared_expert_overlap, MoeWeights, MoeWorkspace, RandomMoe};
@@ -221,10 +223,11 @@ fn gpu_moe_layer_matches_cpu() {
             let down = mops::gemm_grouped_cuda_kernel(&s, routed, &d, dim, inter, d.tile <= 16)?;
             Some(Box::leak(format!("gate/up {gate}, down {down}").into_boxed_str()) as &'static str)
         };
-        // Every distinct kernel choice of the two switches.
+        // Every distinct kernel choice of the three switches.
         let mut seen = Vec::new();
-        for wgmma in [true, false] {
+        for (wgmma, dec_wgmma) in [(true, true), (true, false), (false, false)] {
             set_fp4_wgmma(wgmma);
+            set_fp4_dec_wgmma(dec_wgmma);
             for (on, k) in switch_kernels(set_fp4_stream, kernels) {
                 if seen.contains(&k) {
                     continue;
@@ -237,6 +240,7 @@ fn gpu_moe_layer_matches_cpu() {
         }
         set_fp4_stream(true);
         set_fp4_wgmma(true);
+        set_fp4_dec_wgmma(true);
     }
 }
 

@@ -169,6 +169,25 @@ pub(crate) fn uses_fp4_grouped_wgmma(
         && crate::ops::fp4_wgmma()
 }
 
+/// Whether a grouped GEMM over chunks of `tile` rows runs the Hopper FP4 decode kernel on the FP8
+/// tensor cores (`di_gemm_fp4q_wg_n{8,16}`): an sm_90 GPU, FP4 weights, chunks of up to 16 rows with
+/// activation quantisation (the MoE decode numerics), k % 128 == 0, n % 64 == 0, unless switched
+/// off by [`crate::ops::set_fp4_dec_wgmma`] or [`crate::ops::set_fp8_mma_decode`].
+pub(crate) fn uses_fp4_dec_wgmma(
+    sm90: bool,
+    format: crate::ops::WeightFormat,
+    tile: u32,
+    p: &crate::params::GemmParams,
+) -> bool {
+    sm90 && format == crate::ops::WeightFormat::Fp4Row32
+        && tile <= 16
+        && p.quantize_x != 0
+        && p.k.is_multiple_of(128)
+        && p.n.is_multiple_of(64)
+        && crate::ops::fp8_mma_decode()
+        && crate::ops::fp4_dec_wgmma()
+}
+
 /// The kernel a grouped (MoE) GEMM over chunks of `tile` rows (at most `capacity`) launches on a
 /// GPU with `sm_count` SMs (`sm90`: compute capability 9.0).
 pub(crate) fn gemm_grouped_kernel(
@@ -181,6 +200,9 @@ pub(crate) fn gemm_grouped_kernel(
 ) -> String {
     if uses_fp4_grouped_wgmma(sm90, format, tile, p) {
         return "di_gemm_fp4_wgmma".into();
+    }
+    if uses_fp4_dec_wgmma(sm90, format, tile, p) {
+        return format!("di_gemm_fp4q_wg_n{}", if tile <= 8 { 8 } else { 16 });
     }
     if uses_fp4_mma_decode(format, tile, p.n, p.k, p.quantize_x != 0) {
         let stream = fp4q_stream_grid(Some(capacity as u64 * (p.n / 16) as u64), sm_count, tile).is_some();
@@ -623,6 +645,43 @@ pub(crate) fn rows_fp8(
     Ok(q)
 }
 
+/// Rows 0..rows of x [.., k] (k % 128 == 0), or with `gather` = (row_pair, top_k) the token rows
+/// of a dispatch's rows, rounded to e4m3 with 1x128 power-of-two scales in the k order of the
+/// Hopper FP4 decode GEMM (`di_quantize_x_fp4dec`: each 32-wide group evens first), as fresh
+/// [rows, k] bytes and [rows, k / 128] scales.
+pub(crate) fn quantize_x_fp4dec(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    gather: Option<(&DeviceBuffer<i32>, u32)>,
+    rows: u32,
+    k: u32,
+) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<f32>)> {
+    let s = stream.cuda_stream("gemm_grouped", "x")?;
+    // SAFETY: uninitialised; di_quantize_x_fp4dec writes every byte of rows * k and every scale of
+    // rows * k / 128 before the GEMM (same stream) reads them.
+    let mut q = unsafe { s.alloc::<u8>(rows as usize * k as usize) }?;
+    let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
+    let f = backend(stream).function("gemm", "di_quantize_x_fp4dec")?;
+    let warps = rows as u64 * (k / 128) as u64;
+    let blocks = u32::try_from(warps.div_ceil(8))
+        .map_err(|_| crate::FfiError::shape("gemm_grouped", "x", format!("{rows} rows exceed one launch")))?;
+    let cfg = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let none: u64 = 0;
+    let div = gather.map_or(1, |(_, d)| d);
+    let mut b = s.launch_builder(&f);
+    b.arg(x.cuda());
+    match gather {
+        Some((g, _)) => b.arg(g.cuda()),
+        None => b.arg(&none),
+    };
+    b.arg(&div).arg(&mut q).arg(&mut sx).arg(&rows).arg(&k);
+    // SAFETY: di_quantize_x_fp4dec takes (x, gather, gather_div, xq, sx, rows, k); q holds rows * k
+    // bytes and sx rows * k / 128 scales; x holds every source row (rows of x, or gather[r] / div
+    // for r < rows: the caller checked); k % 128 == 0.
+    unsafe { b.launch(cfg) }?;
+    Ok((q, sx))
+}
+
 /// Launch the tensor-core GEMM (and its split-k reduce). `gather`: x rows through a dispatch's
 /// row_pair divided by top_k. The caller checked every length against `p` (p.m rows of y).
 #[allow(clippy::too_many_arguments)]
@@ -638,6 +697,9 @@ pub(crate) fn gemm_tc_launch(
     jobs: TcJobs<'_>,
 ) -> Result<()> {
     if let TcJobs::Grouped { tile, .. } = &jobs {
+        if uses_fp4_dec_wgmma(backend(stream).is_sm90(), format, *tile, p) {
+            return super::wgmma::gemm_fp4q_wg_launch(stream, x, gather, w, scale, y, p, &jobs);
+        }
         if uses_fp4_mma_decode(format, *tile, p.n, p.k, p.quantize_x != 0) {
             return gemm_fp4q_launch(stream, x, gather, w, scale, y, p, jobs);
         }
@@ -995,11 +1057,20 @@ mod tests {
         assert_eq!(fp4q_stream_grid(Some(1 << 20), 1, 8), g(2, 8));
         // The V4-Flash 64-token decode (304 chunks of 8 rows; gate n = 2048, down n = 4096).
         let gate = crate::params::GemmParams::new(384, 2048, 4096, true);
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132, true), "di_gemm_fp4q_stream_n8");
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 16, 304, &gate, 132, true), "di_gemm_fp4q_stream_n16");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132, false), "di_gemm_fp4q_stream_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 16, 304, &gate, 132, false), "di_gemm_fp4q_stream_n16");
         // One token (6 chunks x 128 tiles): a warp an item, blocks of two warps.
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 6, &gate, 132, true), "di_gemm_fp4q_stream_n8");
-        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 2, &gate, 132, true), "di_gemm_fp4q_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 6, &gate, 132, false), "di_gemm_fp4q_stream_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 2, &gate, 132, false), "di_gemm_fp4q_n8");
+        // On Hopper every decode chunking runs the FP8 tensor-core kernel, unless n % 64 != 0 or x
+        // is not quantised.
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &gate, 132, true), "di_gemm_fp4q_wg_n8");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 16, 304, &gate, 132, true), "di_gemm_fp4q_wg_n16");
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 2, &gate, 132, true), "di_gemm_fp4q_wg_n8");
+        let narrow = crate::params::GemmParams::new(384, 2048 + 16, 4096, true);
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &narrow, 132, true), "di_gemm_fp4q_stream_n8");
+        let bf16_x = crate::params::GemmParams::new(384, 2048, 4096, false);
+        assert_eq!(gemm_grouped_kernel(Fp4Row32, 8, 304, &bf16_x, 132, true), "di_gemm_fp4_tc_m8");
         assert_eq!(gemm_grouped_kernel(Fp4Row32, 128, 40, &gate, 132, false), "di_gemm_fp4_tile128");
         assert_eq!(gemm_grouped_kernel(Fp4Row32, 128, 40, &gate, 132, true), "di_gemm_fp4_wgmma");
         assert_eq!(gemm_grouped_kernel(Fp8Block128, 128, 40, &gate, 132, true), "di_gemm_fp8_tile128");

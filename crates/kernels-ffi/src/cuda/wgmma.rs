@@ -304,11 +304,122 @@ pub(crate) fn gemm_fp4_grouped_launch(
     Ok(())
 }
 
+/// Dynamic shared memory of `di_gemm_fp4q_wg_n{cols}`: alignment slack, 8 slots of a 64-row x
+/// 64-byte W tile and a cols-row x 128-byte x tile (F4D_STAGES, SLOT in gemm_sm90.cu), 16 barriers.
+pub(crate) fn fp4q_wg_smem(cols: u32) -> u32 {
+    1024 + 8 * (64 * 64 + cols * 128) + 16 * 8
+}
+/// Threads of `di_gemm_fp4q_wg_n*`: a compute warpgroup and a TMA warp.
+const FP4Q_WG_THREADS: u32 = 160;
+/// Resident blocks an SM of `di_gemm_fp4q_wg_n{cols}` (its __launch_bounds__: registers).
+fn fp4q_wg_blocks_per_sm(cols: u32) -> u32 {
+    if cols <= 8 {
+        3
+    } else {
+        2
+    }
+}
+
+/// The grid of `di_gemm_fp4q_wg_n{cols}` for at most `items` (chunk, 64-row tile) items: every
+/// resident block of the GPU, or a block an item when they are fewer.
+pub(crate) fn fp4q_wg_grid(items: u64, cols: u32, sm_count: u32) -> u32 {
+    items.min((fp4q_wg_blocks_per_sm(cols) * sm_count) as u64).max(1) as u32
+}
+
+/// The grouped FP4 decode GEMM on Hopper's FP8 tensor cores (`di_gemm_fp4q_wg_n{8,16}`): x's rows
+/// gathered (through `gather`), rounded to e4m3 and reordered in k in one pass
+/// ([`super::launch::quantize_x_fp4dec`]); then persistent blocks over (chunk, 64-row tile) items.
+/// The caller checked x, every expert's w and scale, y [p.m, n], chunks of up to 16 rows,
+/// activation quantisation, k % 128 == 0, n % 64 == 0, and that the GPU is sm_90.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_fp4q_wg_launch(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    gather: Option<(&DeviceBuffer<i32>, u32)>,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<half::bf16>,
+    p: &crate::params::GemmParams,
+    jobs: &super::launch::TcJobs<'_>,
+) -> Result<()> {
+    let super::launch::TcJobs::Grouped { chunks, num_chunks, capacity, tile, w_stride, s_stride, .. } = jobs else {
+        return Err(crate::FfiError::shape("gemm_grouped", "jobs", "the FP4 decode wgmma kernel takes MoE chunks"));
+    };
+    let (wb, sb) = crate::ops::WeightFormat::Fp4Row32.bytes(p.n as usize, p.k as usize);
+    if *w_stride != wb as u64 || *s_stride != sb as u64 {
+        return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
+    }
+    let experts = w.len() as u64 / wb as u64;
+    if experts * p.n as u64 > i32::MAX as u64 || p.m as u64 > i32::MAX as u64 {
+        return Err(crate::FfiError::shape(
+            "gemm_grouped",
+            "w",
+            format!("{experts} experts x {} rows exceed the TMA coordinates (2^31)", p.n),
+        ));
+    }
+    let cols = if *tile <= 8 { 8 } else { 16 };
+    let be = backend(stream);
+    let s = stream.cuda_stream("gemm_grouped", "x")?;
+    let (xq, sx) = super::launch::quantize_x_fp4dec(stream, x, gather, p.m, p.k)?;
+    let smem = fp4q_wg_smem(cols);
+    let f = be.function_with_smem("gemm_sm90", &format!("di_gemm_fp4q_wg_n{cols}"), smem)?;
+    let (x_ptr, _x_sync) = xq.device_ptr(s);
+    let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
+    let map_x =
+        tma_map_bytes(x_ptr, p.m as u64, p.k as u64, (128, cols), sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)?;
+    let map_w = tma_map_bytes(
+        w_ptr,
+        experts * p.n as u64,
+        p.k as u64 / 2,
+        (64, 64),
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+    )?;
+    let items = *capacity as u64 * (p.n / 64) as u64;
+    let cfg = LaunchConfig {
+        grid_dim: (fp4q_wg_grid(items, cols, be.sm_count()), 1, 1),
+        block_dim: (FP4Q_WG_THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, map_x, sx, sw, y, chunks, num_chunks, n, k); map_x
+    // describes the [p.m, k] e4m3 rows and sx their [p.m, k / 128] scales (fresh, freed in stream
+    // order after the launch), map_w the experts' [experts * n, k / 2] FP4 bytes (both alive until
+    // queued: their sync guards); scale holds experts * n * k / 32 bytes, y [p.m, n] (checked by
+    // the op); the dispatch's chunks name experts < experts and rows < p.m, at most `tile` <= cols
+    // each; k % 128 == 0 and n % 64 == 0 as the kernel requires.
+    unsafe {
+        s.launch_builder(&f)
+            .arg(&map_w)
+            .arg(&map_x)
+            .arg(&sx)
+            .arg(scale.cuda())
+            .arg(y.cuda_mut())
+            .arg(chunks.cuda())
+            .arg(num_chunks.cuda())
+            .arg(&p.n)
+            .arg(&p.k)
+            .launch(cfg)
+    }?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// One block per SM at most, never more blocks than tiles times splits, at least one.
+    /// The FP4 decode kernel's blocks fit the SM's 227 KiB of shared memory as many times as its
+    /// register bound allows, and its grid is every resident block or a block an item.
+    #[test]
+    fn fp4q_wg_blocks_fit_shared_memory_and_the_grid_follows_the_items() {
+        for cols in [8u32, 16] {
+            assert!(fp4q_wg_blocks_per_sm(cols) * fp4q_wg_smem(cols) <= 227 * 1024, "{cols} columns");
+        }
+        assert_eq!(fp4q_wg_grid(384, 8, 132), 384, "one V4-Flash token: 6 chunks x 64 tiles");
+        assert_eq!(fp4q_wg_grid(304 * 64, 8, 132), 396);
+        assert_eq!(fp4q_wg_grid(304 * 64, 16, 132), 264);
+        assert_eq!(fp4q_wg_grid(0, 8, 132), 1);
+    }
+
     #[test]
     fn wgmma_grid_covers_the_tiles_with_at_most_one_block_per_sm() {
         assert_eq!(gemm_wgmma_grid(WGMMA_PLAIN, 4096, 4096, 1, 132), 132);
