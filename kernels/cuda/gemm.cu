@@ -921,12 +921,16 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_f16p(const __nv_
 // per 1x128 block (the official activation quantisation, the same bits as di_quantize_x_e4m3) for
 // the Hopper grouped FP4 decode GEMM (di_gemm_fp4q_wg_n*): xq [rows, k] e4m3 bytes with each 32-wide
 // group of k stored evens first (slot j holds k = 2 j for j < 16, 2 (j - 16) + 1 after: the order
-// fp4x8_to_e4m3_lo6 widens W in; `quant::fp4_dec_x_position`), sx [rows, k / 128]. A warp per
-// (row, 128-wide block); k % 128 == 0.
+// fp4x8_to_e4m3_lo6 widens W in; `quant::fp4_dec_x_position`), and the scales times 2^6 (the
+// widening's factor) transposed: sxt[b * sx_stride + r] for block b of row r. A warp per (row,
+// 128-wide block); k % 128 == 0. The GEMM after it may start at once (programmatic dependent launch:
+// it loads only weights before waiting for this grid).
 extern "C" __global__ void __launch_bounds__(256) di_quantize_x_fp4dec(const __nv_bfloat16* __restrict__ x,
                                                                       const int32_t* __restrict__ gather,
                                                                       uint32_t gather_div, uint8_t* __restrict__ xq,
-                                                                      float* __restrict__ sx, uint32_t rows, uint32_t k) {
+                                                                      float* __restrict__ sxt, uint32_t rows, uint32_t k,
+                                                                      uint32_t sx_stride) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int lane = threadIdx.x & 31;
     const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     const uint32_t blocks = k / 128;
@@ -945,7 +949,7 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_fp4dec(const __n
     uint8_t* o = xq + static_cast<size_t>(r) * k + b * 128 + (lane / 8) * 32 + 2 * (lane % 8);
     *reinterpret_cast<uint16_t*>(o) = static_cast<uint16_t>(q[0] | (q[2] << 8));
     *reinterpret_cast<uint16_t*>(o + 16) = static_cast<uint16_t>(q[1] | (q[3] << 8));
-    if (lane == 0) sx[static_cast<size_t>(r) * blocks + b] = s;
+    if (lane == 0) sxt[static_cast<size_t>(b) * sx_stride + r] = 64.f * s;
 }
 
 // kw: warps per 16-row tile (1, 2, 4 or 8; the launcher picks it so each warp has about D chunks).

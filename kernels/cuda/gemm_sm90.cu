@@ -1023,38 +1023,49 @@ DI_PROBE_WGMMA(128)
 // values, and one wgmma per warpgroup covers 64 rows x 32 k.
 // Math: a 32-wide scale group of a W row is one k32 step. Thread (g = lane / 4, q = lane % 4) of
 // warp w holds, for rows 16 w + g and + 8 of the item, bytes 16 st + 4 q .. + 3 of each row's
-// 64-byte piece of a 128-wide k block (step st: codes 32 st + 8 q ..), widened by fp4x8_to_e4m3_lo6
-// to their values times 2^-6: the even codes in fragment slots 4 q.., the odd ones in 16 + 4 q... x
+// 64 bytes of a 128-wide k block (step st: codes 32 st + 8 q ..), widened by fp4x8_to_e4m3_lo6 to
+// their values times 2^-6: the even codes in fragment slots 4 q.., the odd ones in 16 + 4 q... x
 // comes with each group's evens first (di_quantize_x_fp4dec), so the slots pair up. Every step's
 // wgmma starts from zero; its sums times the two rows' group scales are added on the CUDA cores, and
-// each k block's sum times the token's x scale (and 2^6) joins the total. No scale is folded into
-// an operand, so any ue8m0 scales work, and the tensor cores' limited-precision accumulation spans
-// 32 products.
-// Block: warps 0-3 (one warpgroup) compute; warp 4 lane 0 issues per k block a TMA load of the
-// 64-row x 64-byte W tile (64-byte swizzle: 16-byte unit u of row r at u ^ ((r / 2) % 4), so the
-// warp's 4-byte reads hit 32 banks) and of the chunk's N-row x 128-byte x tile (128-byte swizzle, the
-// wgmma B layout; rows past the chunk's are other chunks' or zeros: products in columns never
-// stored) into a ring of F4D_STAGES slots. Items (chunk, 64-row tile) go to blocks in contiguous
-// runs. Two k blocks an iteration: the second's wgmmas run while the first's are scaled; nothing is
-// in flight across the loop edge (else ptxas serialises the wgmma).
+// each k block's sum times the token's x scale (stored times 2^6) joins the total. No scale is
+// folded into an operand, so any ue8m0 scales work, and the tensor cores' limited-precision
+// accumulation spans 32 products.
+// Block: warps 0-3 (one warpgroup) compute; warp 4 lane 0 issues per pair of k blocks (a slot) TMA
+// loads of the 64-row x 128-byte W tile (128-byte swizzle: 16-byte unit u of row r at u ^ (r % 8),
+// so the warp's 4-byte reads hit 32 banks), the chunk's two N-row x 128-byte x tiles (the wgmma B
+// layout; rows past the chunk's are other chunks' or zeros: products in columns never stored) and
+// their x scales (2 x N floats of the transposed scale matrix) into a ring of F4D_STAGES slots. A k
+// block past k (odd k / 128) reads zeros and adds nothing. Items (chunk, 64-row tile) go to blocks
+// in contiguous runs. The two k blocks of a slot: the second's wgmmas run while the first's are
+// scaled; nothing is in flight across the loop edge (else ptxas serialises the wgmma).
+// Programmatic dependent launch: the W tiles of the first pass over the ring (weights) load before
+// the wait for the grid before (di_quantize_x_fp4dec, which lets this grid start at once); x, its
+// scales and y only after.
 #if DI_SM90
 namespace {
 
-constexpr uint32_t F4D_W = 64 * 64;  // a slot's W tile: 64 rows x 64 bytes (128 k)
-constexpr uint32_t F4D_STAGES = 8;
-constexpr float F4D_UNDO = 64.f;  // 2^6: the widening's factor, multiplied into the x scales
+constexpr uint32_t F4D_W = 64 * 128;  // a slot's W tile: 64 rows x 128 bytes (two 128-wide k blocks)
+constexpr uint32_t F4D_STAGES = 5;
+
+template <int N> struct F4dSlot {
+    static constexpr uint32_t X = N * 128;                           // one k block's x tile
+    static constexpr uint32_t SX = F4D_W + 2 * X;  // x scales: [2][N + 4] floats (a box from a 16-byte boundary)
+    static constexpr uint32_t SXB = 2 * (N + 4) * 4;
+    static constexpr uint32_t BYTES = (SX + SXB + 1023) / 1024 * 1024;  // tiles stay 1024-aligned
+};
 
 template <int N>
-__device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaMap& map_x, const float* __restrict__ sx,
+__device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaMap& map_x, const DiTmaMap& map_sx,
                                              const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                              const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
                                              uint32_t n, uint32_t k) {
-    constexpr uint32_t SLOT = F4D_W + N * 128;  // a multiple of 1024: every tile swizzle-aligned
+    using S = F4dSlot<N>;
     extern __shared__ uint8_t f4d_smem[];
+    pdl_launch_dependents();
     uint8_t* base = f4d_smem + ((1024 - (smem_addr(f4d_smem) & 1023)) & 1023);
-    uint64_t* full = reinterpret_cast<uint64_t*>(base + F4D_STAGES * SLOT);
+    uint64_t* full = reinterpret_cast<uint64_t*>(base + F4D_STAGES * S::BYTES);
     uint64_t* empty = full + F4D_STAGES;
-    const uint32_t tiles = n / 64, kc = k / 128, groups = k / 32;
+    const uint32_t tiles = n / 64, kc = k / 128, groups = k / 32, pairs = (kc + 1) / 2;
     const uint32_t items = static_cast<uint32_t>(max(*num_chunks, 0)) * tiles;
     const uint32_t per = (items + gridDim.x - 1) / gridDim.x;
     const uint32_t i0 = min(blockIdx.x * per, items), i1 = min(i0 + per, items);
@@ -1062,78 +1073,91 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaM
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     if (warp == 4) {
-        if (lane != 0) return;
-        tma_prefetch_map(&map_w);
-        tma_prefetch_map(&map_x);
-        uint32_t j = 0;  // k blocks loaded so far: slot j % STAGES, pass j / STAGES
-        for (uint32_t it = i0; it < i1; ++it) {
-            const int4 c = __ldg(chunks + it / tiles);
-            const int32_t wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
-            for (uint32_t kb = 0; kb < kc; ++kb, ++j) {
+        if (lane == 0) {
+            tma_prefetch_map(&map_w);
+            tma_prefetch_map(&map_x);
+            tma_prefetch_map(&map_sx);
+            // Slot j of the block's run: item i0 + j / pairs, k blocks 2 (j % pairs) and + 1.
+            const uint32_t total = (i1 - i0) * pairs, pre = min(total, F4D_STAGES);
+            auto load_w = [&](uint32_t j) {
+                const uint32_t it = i0 + j / pairs;
+                const int4 c = __ldg(chunks + it / tiles);
+                const int32_t wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
+                tma_load_2d(base + (j % F4D_STAGES) * S::BYTES, &map_w, static_cast<int32_t>((j % pairs) * 128), wrow,
+                            &full[j % F4D_STAGES]);
+            };
+            auto load_x = [&](uint32_t j) {
+                const int4 c = __ldg(chunks + (i0 + j / pairs) / tiles);
+                uint8_t* slot = base + (j % F4D_STAGES) * S::BYTES;
+                const int32_t kb = static_cast<int32_t>(2 * (j % pairs));
+                tma_load_2d(slot + F4D_W, &map_x, kb * 128, c.y, &full[j % F4D_STAGES]);
+                tma_load_2d(slot + F4D_W + S::X, &map_x, (kb + 1) * 128, c.y, &full[j % F4D_STAGES]);
+                // TMA boxes start on 16 bytes: the scales of rows c.y & ~3 .. + N + 4.
+                tma_load_2d(slot + S::SX, &map_sx, 4 * (c.y & ~3), kb, &full[j % F4D_STAGES]);
+            };
+            // The first pass's W (weights) before the grid before this one has finished.
+            for (uint32_t j = 0; j < pre; ++j) {
+                mbar_arrive_expect_tx(&full[j], S::SX + S::SXB);
+                load_w(j);
+            }
+            pdl_wait();
+            for (uint32_t j = 0; j < pre; ++j) load_x(j);
+            for (uint32_t j = pre; j < total; ++j) {
                 const uint32_t s = j % F4D_STAGES;
                 mbar_wait(&empty[s], ((j / F4D_STAGES) & 1) ^ 1);
-                mbar_arrive_expect_tx(&full[s], SLOT);
-                uint8_t* slot = base + s * SLOT;
-                tma_load_2d(slot, &map_w, static_cast<int32_t>(kb * 64), wrow, &full[s]);
-                tma_load_2d(slot + F4D_W, &map_x, static_cast<int32_t>(kb * 128), c.y, &full[s]);
+                mbar_arrive_expect_tx(&full[s], S::SX + S::SXB);
+                load_w(j);
+                load_x(j);
             }
         }
         return;
     }
 
-    const uint32_t g = lane / 4, q = lane % 4, sws = (g / 2) % 4;  // rows g and g + 8 share the swizzle
-    uint32_t j = 0;  // k blocks consumed so far
+    pdl_wait();  // y may still be read by the grid before
+    const uint32_t g = lane / 4, q = lane % 4;
+    // This thread's W words: row 16 warp + g (+ 8 rows: 1024 bytes on, same swizzle), unit u at
+    // u ^ g, word q.
+    const uint32_t w_off = (16 * warp + g) * 128 + 4 * q;
+    const uint64_t x_desc0 = wgmma_desc_sw128(smem_addr(base + F4D_W));  // slot 0's first x tile
+    uint32_t j = 0;  // slots consumed so far
     for (uint32_t it = i0; it < i1; ++it) {
         const int4 c = __ldg(chunks + it / tiles);
         const uint32_t row0 = static_cast<uint32_t>(c.y), m = static_cast<uint32_t>(c.z);
         const uint32_t rg = (it % tiles) * 64 + 16 * warp + g;
         const uint8_t* sg = sw + (static_cast<size_t>(c.x) * n + rg) * groups;
         const uint8_t* sh = sg + 8 * static_cast<size_t>(groups);
-        // x scale rows of this thread's columns 8 (i / 2) + 2 q + i % 2 (past the chunk: its last row).
-        const float* xsr[N / 4];
-#pragma unroll
-        for (int i = 0; i < N / 4; ++i)
-            xsr[i] = sx + static_cast<size_t>(row0 + min(8u * (i / 2) + 2 * q + (i % 2), m - 1)) * kc;
         float acc[N / 2];
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
-        uint32_t fa[4][4], fb[4][4], sa[2], sb[2];
-        float da[4][N / 2], db[4][N / 2], xa[N / 4], xb[N / 4];
-        // k block kb: its group scales and x scales loaded, its W words widened, its four wgmmas issued.
-        auto issue = [&](uint32_t kb, uint32_t (&a)[4][4], float (&d)[4][N / 2], uint32_t (&sc)[2], float (&xs)[N / 4]) {
-            sc[0] = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb));
-            sc[1] = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb));
-#pragma unroll
-            for (int i = 0; i < N / 4; ++i) xs[i] = __ldg(xsr[i] + kb);
-            const uint32_t s = j % F4D_STAGES;
-            mbar_wait(&full[s], (j / F4D_STAGES) & 1);
-            const uint8_t* wt = base + s * SLOT + (16 * warp + g) * 64 + 4 * q;
+        uint32_t fa[4][4], fb[4][4];
+        float da[4][N / 2], db[4][N / 2];
+        // W words of k block h of the slot at `wt`, widened into fragments f.
+        auto widen = [&](const uint8_t* wt, uint32_t h, uint32_t (&f)[4][4]) {
 #pragma unroll
             for (int st = 0; st < 4; ++st) {
-                const uint32_t wg = *reinterpret_cast<const uint32_t*>(wt + 16 * (st ^ sws));
-                const uint32_t wh = *reinterpret_cast<const uint32_t*>(wt + 8 * 64 + 16 * (st ^ sws));
-                fp4x8_to_e4m3_lo6(wg, a[st][0], a[st][2]);
-                fp4x8_to_e4m3_lo6(wh, a[st][1], a[st][3]);
+                const uint32_t u = ((4 * h + st) ^ g) * 16;
+                fp4x8_to_e4m3_lo6(*reinterpret_cast<const uint32_t*>(wt + u), f[st][0], f[st][2]);
+                fp4x8_to_e4m3_lo6(*reinterpret_cast<const uint32_t*>(wt + 8 * 128 + u), f[st][1], f[st][3]);
             }
-            const uint32_t xt = smem_addr(base + s * SLOT + F4D_W);
+        };
+        auto mma = [&](uint64_t xd, const uint32_t (&f)[4][4], float (&d)[4][N / 2]) {
 #pragma unroll
             for (int st = 0; st < 4; ++st) wgmma_fence_regs(d[st]);
             wgmma_fence();
 #pragma unroll
-            for (int st = 0; st < 4; ++st) wgmma_rs_e4m3<N>(d[st], a[st], wgmma_desc_sw128(xt + 32 * st));
+            for (int st = 0; st < 4; ++st) wgmma_rs_e4m3<N>(d[st], f[st], xd + 2 * st);  // + 32 bytes a step
             wgmma_commit();
-            ++j;
         };
-        // k block kb's sums (done; slot jj freed) times the group scales, then its x scales.
-        auto add = [&](uint32_t jj, float (&d)[4][N / 2], const uint32_t (&sc)[2], const float (&xs)[N / 4]) {
+        // A k block's sums (done) times the rows' group scales (word sc: 4 ue8m0 bytes), then the
+        // columns' x scales xs (2 q, 2 q + 1, + 8 ...).
+        auto add = [&](float (&d)[4][N / 2], uint32_t scg, uint32_t sch, const float (&xs)[N / 4]) {
 #pragma unroll
             for (int st = 0; st < 4; ++st) wgmma_fence_regs(d[st]);
-            if (lane == 0) mbar_arrive(&empty[jj % F4D_STAGES]);
             float blk[N / 2];
 #pragma unroll
             for (int st = 0; st < 4; ++st) {
-                const float fg = e8m0(static_cast<uint8_t>(sc[0] >> (8 * st)));
-                const float fh = e8m0(static_cast<uint8_t>(sc[1] >> (8 * st)));
+                const float fg = __uint_as_float((scg >> (8 * st) & 0xFFu) << 23);
+                const float fh = __uint_as_float((sch >> (8 * st) & 0xFFu) << 23);
 #pragma unroll
                 for (int i = 0; i < N / 2; ++i) {
                     const float f = (i % 4) < 2 ? fg : fh;
@@ -1141,21 +1165,34 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaM
                 }
             }
 #pragma unroll
-            for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(blk[i], F4D_UNDO * xs[2 * (i / 4) + (i % 2)], acc[i]);
+            for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(blk[i], xs[2 * (i / 4) + (i % 2)], acc[i]);
         };
-        for (uint32_t kb = 0; kb < kc; kb += 2) {
-            const uint32_t j0 = j;
-            issue(kb, fa, da, sa, xa);
-            if (kb + 1 < kc) {
-                issue(kb + 1, fb, db, sb, xb);
-                wgmma_wait<1>();
-                add(j0, da, sa, xa);
-                wgmma_wait<0>();
-                add(j0 + 1, db, sb, xb);
-            } else {
-                wgmma_wait<0>();
-                add(j0, da, sa, xa);
+        for (uint32_t kb = 0; kb < kc; kb += 2, ++j) {
+            // The rows' group scales of k blocks kb and kb + 1 (the second zero past k).
+            const uint32_t sg0 = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb));
+            const uint32_t sh0 = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb));
+            const uint32_t sg1 = kb + 1 < kc ? __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4)) : 0u;
+            const uint32_t sh1 = kb + 1 < kc ? __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4)) : 0u;
+            const uint32_t s = j % F4D_STAGES;
+            mbar_wait(&full[s], (j / F4D_STAGES) & 1);
+            const uint8_t* slot = base + s * S::BYTES;
+            const uint64_t xd = x_desc0 + s * (S::BYTES >> 4);
+            widen(slot + w_off, 0, fa);
+            mma(xd, fa, da);
+            widen(slot + w_off, 1, fb);
+            mma(xd + (S::X >> 4), fb, db);
+            const float* sxs = reinterpret_cast<const float*>(slot + S::SX) + (row0 & 3);  // [2][N + 4]
+            float xa[N / 4], xb[N / 4];
+#pragma unroll
+            for (int i = 0; i < N / 4; ++i) {
+                xa[i] = sxs[8 * (i / 2) + 2 * q + i % 2];
+                xb[i] = sxs[N + 4 + 8 * (i / 2) + 2 * q + i % 2];
             }
+            wgmma_wait<1>();
+            add(da, sg0, sh0, xa);
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(&empty[s]);
+            add(db, sg1, sh1, xb);
         }
         // acc[i]: row rg (+ 8 for i % 4 >= 2), column 8 (i / 4) + 2 q + i % 2.
 #pragma unroll
@@ -1167,22 +1204,26 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaM
 }
 
 }  // namespace
-#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, map_x, sx, sw, y, chunks, num_chunks, n, k)
+#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, map_x, map_sx, sw, y, chunks, num_chunks, n, k)
 #else
 #define DI_FP4Q_WG_BODY(N) __trap()
 #endif
 
-// map_w: the experts' W bytes [experts * n, k / 2] back to back (box 64 rows x 64 bytes, 64-byte
+// map_w: the experts' W bytes [experts * n, k / 2] back to back (box 64 rows x 128 bytes, 128-byte
 // swizzle); map_x: x e4m3 [rows, k] from di_quantize_x_fp4dec (box N rows x 128 bytes, 128-byte
-// swizzle) and sx its scales [rows, k / 128]; sw: W's ue8m0 scales [experts * n, k / 32]; y [rows,
-// n]; chunks (expert, first row, rows <= N, 0), num_chunks[0] of them. k % 128 == 0, n % 64 == 0.
-// 160 threads; MINB blocks an SM (registers).
+// swizzle) and map_sx its scales times 2^6, transposed [k / 128, rows] f32 as bytes (box 2 rows x
+// 4 (N + 4) bytes); sw: W's
+// ue8m0 scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <= N, 0),
+// num_chunks[0] of them. k % 128 == 0, n % 64 == 0. 160 threads; MINB blocks an SM (registers).
 #define DI_GEMM_FP4Q_WG(N, MINB)                                                                                \
     extern "C" __global__ void __launch_bounds__(160, MINB) di_gemm_fp4q_wg_n##N(                              \
         const __grid_constant__ DiTmaMap map_w, const __grid_constant__ DiTmaMap map_x,                        \
-        const float* __restrict__ sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,           \
+        const __grid_constant__ DiTmaMap map_sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y, \
         const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks, uint32_t n, uint32_t k) {      \
         DI_FP4Q_WG_BODY(N);                                                                                    \
     }
 DI_GEMM_FP4Q_WG(8, 3)
 DI_GEMM_FP4Q_WG(16, 2)
+#if DI_SM90
+static_assert(F4dSlot<8>::BYTES == 11264 && F4dSlot<16>::BYTES == 13312, "wgmma.rs fp4q_wg_smem");
+#endif

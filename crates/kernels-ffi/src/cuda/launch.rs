@@ -648,19 +648,22 @@ pub(crate) fn rows_fp8(
 /// Rows 0..rows of x [.., k] (k % 128 == 0), or with `gather` = (row_pair, top_k) the token rows
 /// of a dispatch's rows, rounded to e4m3 with 1x128 power-of-two scales in the k order of the
 /// Hopper FP4 decode GEMM (`di_quantize_x_fp4dec`: each 32-wide group evens first), as fresh
-/// [rows, k] bytes and [rows, k / 128] scales.
+/// [rows, k] bytes and the scales times 2^6, transposed: [k / 128, sx_stride] with the stride
+/// returned (rows rounded up to 4: 16-byte TMA strides).
 pub(crate) fn quantize_x_fp4dec(
     stream: &Stream,
     x: &DeviceBuffer<half::bf16>,
     gather: Option<(&DeviceBuffer<i32>, u32)>,
     rows: u32,
     k: u32,
-) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<f32>)> {
+) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<f32>, u32)> {
     let s = stream.cuda_stream("gemm_grouped", "x")?;
-    // SAFETY: uninitialised; di_quantize_x_fp4dec writes every byte of rows * k and every scale of
-    // rows * k / 128 before the GEMM (same stream) reads them.
+    let stride = rows.div_ceil(4) * 4;
+    // SAFETY: uninitialised; di_quantize_x_fp4dec writes every byte of rows * k and the scales of
+    // rows 0..rows of every block before the GEMM (same stream) reads them; the padding columns of
+    // the scales are never read into a stored output.
     let mut q = unsafe { s.alloc::<u8>(rows as usize * k as usize) }?;
-    let mut sx = unsafe { s.alloc::<f32>(rows as usize * k as usize / 128) }?;
+    let mut sx = unsafe { s.alloc::<f32>(stride as usize * k as usize / 128) }?;
     let f = backend(stream).function("gemm", "di_quantize_x_fp4dec")?;
     let warps = rows as u64 * (k / 128) as u64;
     let blocks = u32::try_from(warps.div_ceil(8))
@@ -674,12 +677,12 @@ pub(crate) fn quantize_x_fp4dec(
         Some((g, _)) => b.arg(g.cuda()),
         None => b.arg(&none),
     };
-    b.arg(&div).arg(&mut q).arg(&mut sx).arg(&rows).arg(&k);
-    // SAFETY: di_quantize_x_fp4dec takes (x, gather, gather_div, xq, sx, rows, k); q holds rows * k
-    // bytes and sx rows * k / 128 scales; x holds every source row (rows of x, or gather[r] / div
-    // for r < rows: the caller checked); k % 128 == 0.
+    b.arg(&div).arg(&mut q).arg(&mut sx).arg(&rows).arg(&k).arg(&stride);
+    // SAFETY: di_quantize_x_fp4dec takes (x, gather, gather_div, xq, sxt, rows, k, sx_stride); q
+    // holds rows * k bytes and sx stride * k / 128 scales (stride >= rows); x holds every source row
+    // (rows of x, or gather[r] / div for r < rows: the caller checked); k % 128 == 0.
     unsafe { b.launch(cfg) }?;
-    Ok((q, sx))
+    Ok((q, sx, stride))
 }
 
 /// Launch the tensor-core GEMM (and its split-k reduce). `gather`: x rows through a dispatch's

@@ -304,10 +304,12 @@ pub(crate) fn gemm_fp4_grouped_launch(
     Ok(())
 }
 
-/// Dynamic shared memory of `di_gemm_fp4q_wg_n{cols}`: alignment slack, 8 slots of a 64-row x
-/// 64-byte W tile and a cols-row x 128-byte x tile (F4D_STAGES, SLOT in gemm_sm90.cu), 16 barriers.
+/// Dynamic shared memory of `di_gemm_fp4q_wg_n{cols}`: alignment slack, 5 slots (F4D_STAGES) of a
+/// 64-row x 128-byte W tile, two cols-row x 128-byte x tiles and 2 x (cols + 4) scales, rounded up to
+/// 1 KiB (F4dSlot in gemm_sm90.cu, whose static_assert checks the sizes), 10 barriers.
 pub(crate) fn fp4q_wg_smem(cols: u32) -> u32 {
-    1024 + 8 * (64 * 64 + cols * 128) + 16 * 8
+    let slot = (64 * 128 + 2 * cols * 128 + 2 * (cols + 4) * 4).div_ceil(1024) * 1024;
+    1024 + 5 * slot + 10 * 8
 }
 /// Threads of `di_gemm_fp4q_wg_n*`: a compute warpgroup and a TMA warp.
 const FP4Q_WG_THREADS: u32 = 160;
@@ -328,7 +330,8 @@ pub(crate) fn fp4q_wg_grid(items: u64, cols: u32, sm_count: u32) -> u32 {
 
 /// The grouped FP4 decode GEMM on Hopper's FP8 tensor cores (`di_gemm_fp4q_wg_n{8,16}`): x's rows
 /// gathered (through `gather`), rounded to e4m3 and reordered in k in one pass
-/// ([`super::launch::quantize_x_fp4dec`]); then persistent blocks over (chunk, 64-row tile) items.
+/// ([`super::launch::quantize_x_fp4dec`]); then persistent blocks over (chunk, 64-row tile) items,
+/// launched with programmatic dependent launch unless switched off ([`crate::ops::set_pdl`]).
 /// The caller checked x, every expert's w and scale, y [p.m, n], chunks of up to 16 rows,
 /// activation quantisation, k % 128 == 0, n % 64 == 0, and that the GPU is sm_90.
 #[allow(clippy::too_many_arguments)]
@@ -350,56 +353,62 @@ pub(crate) fn gemm_fp4q_wg_launch(
         return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
     }
     let experts = w.len() as u64 / wb as u64;
-    if experts * p.n as u64 > i32::MAX as u64 || p.m as u64 > i32::MAX as u64 {
+    if experts * p.n as u64 > i32::MAX as u64 || 4 * p.m as u64 > i32::MAX as u64 {
         return Err(crate::FfiError::shape(
             "gemm_grouped",
             "w",
-            format!("{experts} experts x {} rows exceed the TMA coordinates (2^31)", p.n),
+            format!("{experts} experts x {} rows, or {} rows of x, exceed the TMA coordinates (2^31)", p.n, p.m),
         ));
     }
     let cols = if *tile <= 8 { 8 } else { 16 };
     let be = backend(stream);
     let s = stream.cuda_stream("gemm_grouped", "x")?;
-    let (xq, sx) = super::launch::quantize_x_fp4dec(stream, x, gather, p.m, p.k)?;
+    let (xq, sxt, sx_stride) = super::launch::quantize_x_fp4dec(stream, x, gather, p.m, p.k)?;
     let smem = fp4q_wg_smem(cols);
     let f = be.function_with_smem("gemm_sm90", &format!("di_gemm_fp4q_wg_n{cols}"), smem)?;
     let (x_ptr, _x_sync) = xq.device_ptr(s);
+    let (sx_ptr, _sx_sync) = sxt.device_ptr(s);
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
-    let map_x =
-        tma_map_bytes(x_ptr, p.m as u64, p.k as u64, (128, cols), sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B)?;
-    let map_w = tma_map_bytes(
-        w_ptr,
-        experts * p.n as u64,
-        p.k as u64 / 2,
-        (64, 64),
-        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+    let mut map_x = tma_map_bytes_128(x_ptr, p.m as u64, p.k as u64, cols)?;
+    let mut map_sx = tma_map_raw(
+        sx_ptr,
+        &[4 * p.m as u64, (p.k / 128) as u64],
+        &[4 * sx_stride as u64],
+        &[4 * (cols + 4), 2],
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
     )?;
+    let mut map_w = tma_map_bytes_128(w_ptr, experts * p.n as u64, p.k as u64 / 2, 64)?;
     let items = *capacity as u64 * (p.n / 64) as u64;
     let cfg = LaunchConfig {
         grid_dim: (fp4q_wg_grid(items, cols, be.sm_count()), 1, 1),
         block_dim: (FP4Q_WG_THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
-    // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, map_x, sx, sw, y, chunks, num_chunks, n, k); map_x
-    // describes the [p.m, k] e4m3 rows and sx their [p.m, k / 128] scales (fresh, freed in stream
-    // order after the launch), map_w the experts' [experts * n, k / 2] FP4 bytes (both alive until
-    // queued: their sync guards); scale holds experts * n * k / 32 bytes, y [p.m, n] (checked by
-    // the op); the dispatch's chunks name experts < experts and rows < p.m, at most `tile` <= cols
-    // each; k % 128 == 0 and n % 64 == 0 as the kernel requires.
-    unsafe {
-        s.launch_builder(&f)
-            .arg(&map_w)
-            .arg(&map_x)
-            .arg(&sx)
-            .arg(scale.cuda())
-            .arg(y.cuda_mut())
-            .arg(chunks.cuda())
-            .arg(num_chunks.cuda())
-            .arg(&p.n)
-            .arg(&p.k)
-            .launch(cfg)
-    }?;
-    Ok(())
+    let (mut s_ptr, _s_sync) = scale.cuda().device_ptr(s);
+    let (mut y_ptr, _y_sync) = y.cuda_mut().device_ptr_mut(s);
+    let (mut c_ptr, _c_sync) = chunks.cuda().device_ptr(s);
+    let (mut nc_ptr, _nc_sync) = num_chunks.cuda().device_ptr(s);
+    let (mut n, mut k) = (p.n, p.k);
+    let mut args: [*mut std::ffi::c_void; 9] = [
+        (&mut map_w as *mut TmaMap).cast(),
+        (&mut map_x as *mut TmaMap).cast(),
+        (&mut map_sx as *mut TmaMap).cast(),
+        (&mut s_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut y_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut c_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut nc_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut n as *mut u32).cast(),
+        (&mut k as *mut u32).cast(),
+    ];
+    // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, map_x, map_sx, sw, y, chunks, num_chunks, n, k), in
+    // this order and these types; map_x describes the [p.m, k] e4m3 rows and map_sx their
+    // transposed scales [k / 128, sx_stride] (fresh, freed in stream order after the launch), map_w
+    // the experts' [experts * n, k / 2] FP4 bytes (all alive until queued: their sync guards);
+    // scale holds experts * n * k / 32 bytes, y [p.m, n] (checked by the op); the dispatch's chunks
+    // name experts < experts and rows < p.m, at most `tile` <= cols each, written before the
+    // quantisation launch that this grid may overlap (it reads only weights and the chunks before
+    // its pdl_wait); k % 128 == 0 and n % 64 == 0 as the kernel requires.
+    unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
 }
 
 #[cfg(test)]
