@@ -917,41 +917,6 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_f16p(const __nv_
     if (lane == 0) sx[c] = s;
 }
 
-// x rows (through the gather, as di_quantize_fp8_rows) rounded to e4m3 with a power-of-two scale
-// per 1x128 block (the official activation quantisation, the same bits as di_quantize_x_e4m3) for
-// the Hopper grouped FP4 decode GEMM (di_gemm_fp4q_wg_n*): xq [rows, k] e4m3 bytes with each 32-wide
-// group of k stored evens first (slot j holds k = 2 j for j < 16, 2 (j - 16) + 1 after: the order
-// fp4x8_to_e4m3_lo6 widens W in; `quant::fp4_dec_x_position`), and the scales times 2^6 (the
-// widening's factor) transposed: sxt[b * sx_stride + r] for block b of row r. A warp per (row,
-// 128-wide block); k % 128 == 0. The GEMM after it may start at once (programmatic dependent launch:
-// it loads only weights before waiting for this grid).
-extern "C" __global__ void __launch_bounds__(256) di_quantize_x_fp4dec(const __nv_bfloat16* __restrict__ x,
-                                                                      const int32_t* __restrict__ gather,
-                                                                      uint32_t gather_div, uint8_t* __restrict__ xq,
-                                                                      float* __restrict__ sxt, uint32_t rows, uint32_t k,
-                                                                      uint32_t sx_stride) {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    const int lane = threadIdx.x & 31;
-    const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    const uint32_t blocks = k / 128;
-    if (c >= rows * blocks) return;
-    const uint32_t r = c / blocks, b = c % blocks;
-    const uint32_t src = gather ? static_cast<uint32_t>(gather[r]) / gather_div : r;
-    float v[4];
-    size_t at;
-    const float s = block_values(x + static_cast<size_t>(src) * k, k, b, lane, v, at);
-    const float inv = __frcp_rn(s);  // exact: s is a power of two
-    uint32_t q[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = __nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
-    // This lane's k = 128 b + 4 lane + i: group lane / 8, element 4 (lane % 8) + i; the evens (i = 0,
-    // 2) go to slots 2 (lane % 8) + 0, 1, the odds to 16 + the same.
-    uint8_t* o = xq + static_cast<size_t>(r) * k + b * 128 + (lane / 8) * 32 + 2 * (lane % 8);
-    *reinterpret_cast<uint16_t*>(o) = static_cast<uint16_t>(q[0] | (q[2] << 8));
-    *reinterpret_cast<uint16_t*>(o + 16) = static_cast<uint16_t>(q[1] | (q[3] << 8));
-    if (lane == 0) sxt[static_cast<size_t>(b) * sx_stride + r] = 64.f * s;
-}
-
 // kw: warps per 16-row tile (1, 2, 4 or 8; the launcher picks it so each warp has about D chunks).
 extern "C" __global__ void __launch_bounds__(256, 2) di_gemm_fp8q_n8(const uint8_t* xq, const float* sx,
                                                                     const uint8_t* w, const uint8_t* s,

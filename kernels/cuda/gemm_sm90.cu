@@ -1025,104 +1025,144 @@ DI_PROBE_WGMMA(128)
 // warp w holds, for rows 16 w + g and + 8 of the item, bytes 16 st + 4 q .. + 3 of each row's
 // 64 bytes of a 128-wide k block (step st: codes 32 st + 8 q ..), widened by fp4x8_to_e4m3_lo6 to
 // their values times 2^-6: the even codes in fragment slots 4 q.., the odd ones in 16 + 4 q... x
-// comes with each group's evens first (di_quantize_x_fp4dec), so the slots pair up. Every step's
-// wgmma starts from zero; its sums times the two rows' group scales are added on the CUDA cores, and
-// each k block's sum times the token's x scale (stored times 2^6) joins the total. No scale is
-// folded into an operand, so any ue8m0 scales work, and the tensor cores' limited-precision
-// accumulation spans 32 products.
-// Block: warps 0-3 (one warpgroup) compute; warp 4 lane 0 issues per pair of k blocks (a slot) TMA
-// loads of the 64-row x 128-byte W tile (128-byte swizzle: 16-byte unit u of row r at u ^ (r % 8),
-// so the warp's 4-byte reads hit 32 banks), the chunk's two N-row x 128-byte x tiles (the wgmma B
-// layout; rows past the chunk's are other chunks' or zeros: products in columns never stored) and
-// their x scales (2 x N floats of the transposed scale matrix) into a ring of F4D_STAGES slots. A k
-// block past k (odd k / 128) reads zeros and adds nothing. Items (chunk, 64-row tile) go to blocks
-// in contiguous runs. The two k blocks of a slot: the second's wgmmas run while the first's are
-// scaled; nothing is in flight across the loop edge (else ptxas serialises the wgmma).
-// Programmatic dependent launch: the W tiles of the first pass over the ring (weights) load before
-// the wait for the grid before (di_quantize_x_fp4dec, which lets this grid start at once); x, its
-// scales and y only after.
+// is stored with each group's evens first (`quant::fp4_dec_x_position`), so the slots pair up. Every
+// step's wgmma starts from zero; its sums times the two rows' group scales are added on the CUDA
+// cores, and each k block's sum times the token's x scale (stored times 2^6) joins the total. No
+// scale is folded into an operand, so any ue8m0 scales work, and the tensor cores'
+// limited-precision accumulation spans 32 products.
+// Block: warps 0-3 (one warpgroup) compute; warp 4 lane 0 streams W: per pair of k blocks (a slot)
+// a TMA load of the item's 64-row x 128-byte W tile (128-byte swizzle: 16-byte unit u of row r at
+// u ^ (r % 8), so the warp's 4-byte reads hit 32 banks) into a ring of F4D_STAGES slots; a k block
+// past k (odd k / 128) reads zeros and is skipped. The compute warps round the chunk's x rows
+// (through the gather) to e4m3 for all of k into shared memory once per chunk the block visits (the
+// wgmma B layout: a 128-byte swizzled N-row tile per k block; columns past the chunk's rows hold
+// whatever was there: products in columns never stored). Items (chunk, 64-row tile) go to blocks in
+// contiguous runs, so a block rounds one or two chunks' x. The two k blocks of a slot: the second's
+// wgmmas run while the first's are scaled; nothing is in flight across the loop edge (else ptxas
+// serialises the wgmma).
+// Programmatic dependent launch: the blocks set up their barriers and let the next grid start before
+// waiting for the grid before (which may write the chunks, x or read y).
 #if DI_SM90
 namespace {
 
-constexpr uint32_t F4D_W = 64 * 128;  // a slot's W tile: 64 rows x 128 bytes (two 128-wide k blocks)
+constexpr uint32_t F4D_W = 64 * 128;  // a slot: 64 rows x 128 bytes of W (two 128-wide k blocks)
 constexpr uint32_t F4D_STAGES = 5;
 
-template <int N> struct F4dSlot {
-    static constexpr uint32_t X = N * 128;                           // one k block's x tile
-    static constexpr uint32_t SX = F4D_W + 2 * X;  // x scales: [2][N + 4] floats (a box from a 16-byte boundary)
-    static constexpr uint32_t SXB = 2 * (N + 4) * 4;
-    static constexpr uint32_t BYTES = (SX + SXB + 1023) / 1024 * 1024;  // tiles stay 1024-aligned
-};
+// The chunk's rows row0 .. + m (m <= N; row r of x is gather[r] / gather_div, or r without a
+// gather) of x [.., k] as e4m3 with one power-of-two scale per 1x128 block (the official activation
+// quantisation, the same bits as di_quantize_x_e4m3), each 32-wide group evens first, into xs (block
+// j: an N-row x 128-byte tile at j N 128, 16-byte unit u of row t at u ^ (t % 8)) and the scales
+// times 2^6 into sxs[j N + t]. The four compute warps: a half-warp per (row, block), 8 values a lane,
+// U tasks' loads issued before any is used.
+template <int N>
+__device__ __forceinline__ void f4d_round_x(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ gather,
+                                            uint32_t gather_div, uint32_t row0, uint32_t m, uint32_t k, uint8_t* xs,
+                                            float* sxs, uint32_t warp, uint32_t lane) {
+    constexpr int U = 8;
+    const uint32_t kc = k / 128, tasks = m * kc, h = lane / 16, l = lane % 16;
+    for (uint32_t first = warp * 2 * U; first < tasks; first += 4 * 2 * U) {
+        uint4 raw[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t task = first + 2 * u + h;
+            raw[u] = make_uint4(0, 0, 0, 0);
+            if (task < tasks) {
+                const uint32_t r = row0 + task / kc;
+                const uint32_t src = gather ? static_cast<uint32_t>(__ldg(gather + r)) / gather_div : r;
+                raw[u] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(src) * k + (task % kc) * 128 + l * 8));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const uint32_t task = first + 2 * u + h, t = task / kc, j = task % kc;
+            float v[8];
+            const float amax = half_warp_block_amax(raw[u], v);
+            if (task >= tasks) continue;
+            const float s = pow2_scale(amax), inv = __frcp_rn(s);  // exact: s is a power of two
+            // Lane l holds k = 128 j + 8 l + i: group l / 4, element 8 (l % 4) + i; the evens go to
+            // slots 4 (l % 4).. of the group, the odds to 16 + 4 (l % 4)...
+            uint32_t ev = 0, od = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i += 4) {
+                ev |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v[i] * inv, v[i + 2] * inv), __NV_SATFINITE,
+                                                                     __NV_E4M3))
+                      << (8 * (i / 2));
+                od |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v[i + 1] * inv, v[i + 3] * inv),
+                                                                     __NV_SATFINITE, __NV_E4M3))
+                      << (8 * (i / 2));
+            }
+            uint8_t* row = xs + j * N * 128 + t * 128 + 4 * (l % 4);
+            *reinterpret_cast<uint32_t*>(row + (((2 * (l / 4)) ^ (t % 8)) * 16)) = ev;
+            *reinterpret_cast<uint32_t*>(row + (((2 * (l / 4) + 1) ^ (t % 8)) * 16)) = od;
+            if (l == 0) sxs[j * N + t] = 64.f * s;
+        }
+    }
+}
+
+// Shared memory of the kernel for k: alignment slack, x (k / 128 tiles of N x 128 bytes), its
+// scales (padded to 1 KiB), the W ring and its barriers (fp4q_wg_smem in wgmma.rs).
+template <int N> __host__ __device__ constexpr uint32_t f4d_smem(uint32_t k) {
+    return 1024 + (k / 128) * N * 128 + ((k / 128) * N * 4 + 1023) / 1024 * 1024 + F4D_STAGES * F4D_W + 2 * F4D_STAGES * 8;
+}
 
 template <int N>
-__device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaMap& map_x, const DiTmaMap& map_sx,
+__device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_bfloat16* __restrict__ x,
+                                             const int32_t* __restrict__ gather, uint32_t gather_div,
                                              const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                              const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
                                              uint32_t n, uint32_t k) {
-    using S = F4dSlot<N>;
-    extern __shared__ uint8_t f4d_smem[];
+    extern __shared__ uint8_t f4d_smem_raw[];
     pdl_launch_dependents();
-    uint8_t* base = f4d_smem + ((1024 - (smem_addr(f4d_smem) & 1023)) & 1023);
-    uint64_t* full = reinterpret_cast<uint64_t*>(base + F4D_STAGES * S::BYTES);
-    uint64_t* empty = full + F4D_STAGES;
     const uint32_t tiles = n / 64, kc = k / 128, groups = k / 32, pairs = (kc + 1) / 2;
+    uint8_t* base = f4d_smem_raw + ((1024 - (smem_addr(f4d_smem_raw) & 1023)) & 1023);
+    uint8_t* xs = base;                                                   // [kc][N x 128 bytes]
+    float* sxs = reinterpret_cast<float*>(xs + kc * N * 128);             // [kc][N]
+    uint8_t* ring = xs + kc * N * 128 + (kc * N * 4 + 1023) / 1024 * 1024;  // F4D_STAGES x F4D_W
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + F4D_STAGES * F4D_W);
+    uint64_t* empty = full + F4D_STAGES;
+    ring_init(full, empty, F4D_STAGES, 4);  // empty: lane 0 of each compute warp
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp == 4 && lane == 0) tma_prefetch_map(&map_w);
+    pdl_wait();  // the chunks, x and y belong to the grids before
     const uint32_t items = static_cast<uint32_t>(max(*num_chunks, 0)) * tiles;
     const uint32_t per = (items + gridDim.x - 1) / gridDim.x;
     const uint32_t i0 = min(blockIdx.x * per, items), i1 = min(i0 + per, items);
-    ring_init(full, empty, F4D_STAGES, 4);  // empty: lane 0 of each compute warp
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     if (warp == 4) {
         if (lane == 0) {
-            tma_prefetch_map(&map_w);
-            tma_prefetch_map(&map_x);
-            tma_prefetch_map(&map_sx);
             // Slot j of the block's run: item i0 + j / pairs, k blocks 2 (j % pairs) and + 1.
-            const uint32_t total = (i1 - i0) * pairs, pre = min(total, F4D_STAGES);
-            auto load_w = [&](uint32_t j) {
-                const uint32_t it = i0 + j / pairs;
+            uint32_t j = 0;
+            for (uint32_t it = i0; it < i1; ++it) {
                 const int4 c = __ldg(chunks + it / tiles);
                 const int32_t wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
-                tma_load_2d(base + (j % F4D_STAGES) * S::BYTES, &map_w, static_cast<int32_t>((j % pairs) * 128), wrow,
-                            &full[j % F4D_STAGES]);
-            };
-            auto load_x = [&](uint32_t j) {
-                const int4 c = __ldg(chunks + (i0 + j / pairs) / tiles);
-                uint8_t* slot = base + (j % F4D_STAGES) * S::BYTES;
-                const int32_t kb = static_cast<int32_t>(2 * (j % pairs));
-                tma_load_2d(slot + F4D_W, &map_x, kb * 128, c.y, &full[j % F4D_STAGES]);
-                tma_load_2d(slot + F4D_W + S::X, &map_x, (kb + 1) * 128, c.y, &full[j % F4D_STAGES]);
-                // TMA boxes start on 16 bytes: the scales of rows c.y & ~3 .. + N + 4.
-                tma_load_2d(slot + S::SX, &map_sx, 4 * (c.y & ~3), kb, &full[j % F4D_STAGES]);
-            };
-            // The first pass's W (weights) before the grid before this one has finished.
-            for (uint32_t j = 0; j < pre; ++j) {
-                mbar_arrive_expect_tx(&full[j], S::SX + S::SXB);
-                load_w(j);
-            }
-            pdl_wait();
-            for (uint32_t j = 0; j < pre; ++j) load_x(j);
-            for (uint32_t j = pre; j < total; ++j) {
-                const uint32_t s = j % F4D_STAGES;
-                mbar_wait(&empty[s], ((j / F4D_STAGES) & 1) ^ 1);
-                mbar_arrive_expect_tx(&full[s], S::SX + S::SXB);
-                load_w(j);
-                load_x(j);
+                for (uint32_t p = 0; p < pairs; ++p, ++j) {
+                    const uint32_t s = j % F4D_STAGES;
+                    mbar_wait(&empty[s], ((j / F4D_STAGES) & 1) ^ 1);
+                    mbar_arrive_expect_tx(&full[s], F4D_W);
+                    tma_load_2d(ring + s * F4D_W, &map_w, static_cast<int32_t>(p * 128), wrow, &full[s]);
+                }
             }
         }
         return;
     }
 
-    pdl_wait();  // y may still be read by the grid before
     const uint32_t g = lane / 4, q = lane % 4;
     // This thread's W words: row 16 warp + g (+ 8 rows: 1024 bytes on, same swizzle), unit u at
     // u ^ g, word q.
     const uint32_t w_off = (16 * warp + g) * 128 + 4 * q;
-    const uint64_t x_desc0 = wgmma_desc_sw128(smem_addr(base + F4D_W));  // slot 0's first x tile
-    uint32_t j = 0;  // slots consumed so far
+    const uint64_t x_desc0 = wgmma_desc_sw128(smem_addr(xs));  // k block 0's x tile
+    uint32_t j = 0, rounded = ~0u;  // slots consumed so far; the chunk whose x is in xs
     for (uint32_t it = i0; it < i1; ++it) {
-        const int4 c = __ldg(chunks + it / tiles);
+        const uint32_t z = it / tiles;
+        const int4 c = __ldg(chunks + z);
         const uint32_t row0 = static_cast<uint32_t>(c.y), m = static_cast<uint32_t>(c.z);
+        if (z != rounded) {
+            named_barrier(1, 128);  // every warp is done with the previous chunk's x and scales
+            f4d_round_x<N>(x, gather, gather_div, row0, m, k, xs, sxs, warp, lane);
+            fence_proxy_async_smem();  // written by the threads, read by the wgmmas
+            named_barrier(1, 128);
+            rounded = z;
+        }
         const uint32_t rg = (it % tiles) * 64 + 16 * warp + g;
         const uint8_t* sg = sw + (static_cast<size_t>(c.x) * n + rg) * groups;
         const uint8_t* sh = sg + 8 * static_cast<size_t>(groups);
@@ -1148,9 +1188,9 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaM
             for (int st = 0; st < 4; ++st) wgmma_rs_e4m3<N>(d[st], f[st], xd + 2 * st);  // + 32 bytes a step
             wgmma_commit();
         };
-        // A k block's sums (done) times the rows' group scales (word sc: 4 ue8m0 bytes), then the
-        // columns' x scales xs (2 q, 2 q + 1, + 8 ...).
-        auto add = [&](float (&d)[4][N / 2], uint32_t scg, uint32_t sch, const float (&xs)[N / 4]) {
+        // k block kb's sums (done) times the rows' group scales (words scg, sch: 4 ue8m0 bytes each),
+        // then the columns' x scales (2 q, 2 q + 1, + 8 ...).
+        auto add = [&](uint32_t kb, float (&d)[4][N / 2], uint32_t scg, uint32_t sch) {
 #pragma unroll
             for (int st = 0; st < 4; ++st) wgmma_fence_regs(d[st]);
             float blk[N / 2];
@@ -1165,34 +1205,38 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaM
                 }
             }
 #pragma unroll
-            for (int i = 0; i < N / 2; ++i) acc[i] = fmaf(blk[i], xs[2 * (i / 4) + (i % 2)], acc[i]);
+            for (int i = 0; i < N / 8; ++i) {
+                const float2 xsc = *reinterpret_cast<const float2*>(sxs + kb * N + 8 * i + 2 * q);
+                acc[4 * i] = fmaf(blk[4 * i], xsc.x, acc[4 * i]);
+                acc[4 * i + 1] = fmaf(blk[4 * i + 1], xsc.y, acc[4 * i + 1]);
+                acc[4 * i + 2] = fmaf(blk[4 * i + 2], xsc.x, acc[4 * i + 2]);
+                acc[4 * i + 3] = fmaf(blk[4 * i + 3], xsc.y, acc[4 * i + 3]);
+            }
         };
         for (uint32_t kb = 0; kb < kc; kb += 2, ++j) {
-            // The rows' group scales of k blocks kb and kb + 1 (the second zero past k).
             const uint32_t sg0 = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb));
             const uint32_t sh0 = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb));
-            const uint32_t sg1 = kb + 1 < kc ? __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4)) : 0u;
-            const uint32_t sh1 = kb + 1 < kc ? __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4)) : 0u;
             const uint32_t s = j % F4D_STAGES;
             mbar_wait(&full[s], (j / F4D_STAGES) & 1);
-            const uint8_t* slot = base + s * S::BYTES;
-            const uint64_t xd = x_desc0 + s * (S::BYTES >> 4);
-            widen(slot + w_off, 0, fa);
+            const uint8_t* wt = ring + s * F4D_W + w_off;
+            const uint64_t xd = x_desc0 + kb * (N * 128 / 16);
+            widen(wt, 0, fa);
             mma(xd, fa, da);
-            widen(slot + w_off, 1, fb);
-            mma(xd + (S::X >> 4), fb, db);
-            const float* sxs = reinterpret_cast<const float*>(slot + S::SX) + (row0 & 3);  // [2][N + 4]
-            float xa[N / 4], xb[N / 4];
-#pragma unroll
-            for (int i = 0; i < N / 4; ++i) {
-                xa[i] = sxs[8 * (i / 2) + 2 * q + i % 2];
-                xb[i] = sxs[N + 4 + 8 * (i / 2) + 2 * q + i % 2];
+            if (kb + 1 < kc) {
+                const uint32_t sg1 = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4));
+                const uint32_t sh1 = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4));
+                widen(wt, 1, fb);
+                mma(xd + N * 128 / 16, fb, db);
+                wgmma_wait<1>();
+                add(kb, da, sg0, sh0);
+                wgmma_wait<0>();
+                if (lane == 0) mbar_arrive(&empty[s]);
+                add(kb + 1, db, sg1, sh1);
+            } else {
+                wgmma_wait<0>();
+                if (lane == 0) mbar_arrive(&empty[s]);
+                add(kb, da, sg0, sh0);
             }
-            wgmma_wait<1>();
-            add(da, sg0, sh0, xa);
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(&empty[s]);
-            add(db, sg1, sh1, xb);
         }
         // acc[i]: row rg (+ 8 for i % 4 >= 2), column 8 (i / 4) + 2 q + i % 2.
 #pragma unroll
@@ -1204,26 +1248,26 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const DiTmaM
 }
 
 }  // namespace
-#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, map_x, map_sx, sw, y, chunks, num_chunks, n, k)
+#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k)
 #else
 #define DI_FP4Q_WG_BODY(N) __trap()
 #endif
 
 // map_w: the experts' W bytes [experts * n, k / 2] back to back (box 64 rows x 128 bytes, 128-byte
-// swizzle); map_x: x e4m3 [rows, k] from di_quantize_x_fp4dec (box N rows x 128 bytes, 128-byte
-// swizzle) and map_sx its scales times 2^6, transposed [k / 128, rows] f32 as bytes (box 2 rows x
-// 4 (N + 4) bytes); sw: W's
-// ue8m0 scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <= N, 0),
-// num_chunks[0] of them. k % 128 == 0, n % 64 == 0. 160 threads; MINB blocks an SM (registers).
+// swizzle); x bf16 [.., k], row r of the dispatch at gather[r] / gather_div (gather null: row r);
+// sw: W's ue8m0 scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <= N, 0),
+// num_chunks[0] of them. k % 128 == 0, n % 64 == 0; the shared memory of f4d_smem<N>(k). 160
+// threads; MINB blocks an SM (registers).
 #define DI_GEMM_FP4Q_WG(N, MINB)                                                                                \
     extern "C" __global__ void __launch_bounds__(160, MINB) di_gemm_fp4q_wg_n##N(                              \
-        const __grid_constant__ DiTmaMap map_w, const __grid_constant__ DiTmaMap map_x,                        \
-        const __grid_constant__ DiTmaMap map_sx, const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y, \
-        const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks, uint32_t n, uint32_t k) {      \
+        const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x,                           \
+        const int32_t* __restrict__ gather, uint32_t gather_div, const uint8_t* __restrict__ sw,               \
+        __nv_bfloat16* __restrict__ y, const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks, \
+        uint32_t n, uint32_t k) {                                                                              \
         DI_FP4Q_WG_BODY(N);                                                                                    \
     }
 DI_GEMM_FP4Q_WG(8, 3)
 DI_GEMM_FP4Q_WG(16, 2)
 #if DI_SM90
-static_assert(F4dSlot<8>::BYTES == 11264 && F4dSlot<16>::BYTES == 13312, "wgmma.rs fp4q_wg_smem");
+static_assert(f4d_smem<8>(4096) == 75856 && f4d_smem<16>(4096) == 109648, "wgmma.rs fp4q_wg_smem");
 #endif

@@ -171,8 +171,9 @@ pub(crate) fn uses_fp4_grouped_wgmma(
 
 /// Whether a grouped GEMM over chunks of `tile` rows runs the Hopper FP4 decode kernel on the FP8
 /// tensor cores (`di_gemm_fp4q_wg_n{8,16}`): an sm_90 GPU, FP4 weights, chunks of up to 16 rows with
-/// activation quantisation (the MoE decode numerics), k % 128 == 0, n % 64 == 0, unless switched
-/// off by [`crate::ops::set_fp4_dec_wgmma`] or [`crate::ops::set_fp8_mma_decode`].
+/// activation quantisation (the MoE decode numerics), k % 128 == 0, n % 64 == 0, and x's rounded
+/// rows for all of k in one block's shared memory, unless switched off by
+/// [`crate::ops::set_fp4_dec_wgmma`] or [`crate::ops::set_fp8_mma_decode`].
 pub(crate) fn uses_fp4_dec_wgmma(
     sm90: bool,
     format: crate::ops::WeightFormat,
@@ -184,6 +185,7 @@ pub(crate) fn uses_fp4_dec_wgmma(
         && p.quantize_x != 0
         && p.k.is_multiple_of(128)
         && p.n.is_multiple_of(64)
+        && super::wgmma::fp4q_wg_blocks_per_sm(if tile <= 8 { 8 } else { 16 }, p.k) > 0
         && crate::ops::fp8_mma_decode()
         && crate::ops::fp4_dec_wgmma()
 }
@@ -643,46 +645,6 @@ pub(crate) fn rows_fp8(
     // checked); k % 128 == 0.
     unsafe { b.launch(qc) }?;
     Ok(q)
-}
-
-/// Rows 0..rows of x [.., k] (k % 128 == 0), or with `gather` = (row_pair, top_k) the token rows
-/// of a dispatch's rows, rounded to e4m3 with 1x128 power-of-two scales in the k order of the
-/// Hopper FP4 decode GEMM (`di_quantize_x_fp4dec`: each 32-wide group evens first), as fresh
-/// [rows, k] bytes and the scales times 2^6, transposed: [k / 128, sx_stride] with the stride
-/// returned (rows rounded up to 4: 16-byte TMA strides).
-pub(crate) fn quantize_x_fp4dec(
-    stream: &Stream,
-    x: &DeviceBuffer<half::bf16>,
-    gather: Option<(&DeviceBuffer<i32>, u32)>,
-    rows: u32,
-    k: u32,
-) -> Result<(cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<f32>, u32)> {
-    let s = stream.cuda_stream("gemm_grouped", "x")?;
-    let stride = rows.div_ceil(4) * 4;
-    // SAFETY: uninitialised; di_quantize_x_fp4dec writes every byte of rows * k and the scales of
-    // rows 0..rows of every block before the GEMM (same stream) reads them; the padding columns of
-    // the scales are never read into a stored output.
-    let mut q = unsafe { s.alloc::<u8>(rows as usize * k as usize) }?;
-    let mut sx = unsafe { s.alloc::<f32>(stride as usize * k as usize / 128) }?;
-    let f = backend(stream).function("gemm", "di_quantize_x_fp4dec")?;
-    let warps = rows as u64 * (k / 128) as u64;
-    let blocks = u32::try_from(warps.div_ceil(8))
-        .map_err(|_| crate::FfiError::shape("gemm_grouped", "x", format!("{rows} rows exceed one launch")))?;
-    let cfg = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let none: u64 = 0;
-    let div = gather.map_or(1, |(_, d)| d);
-    let mut b = s.launch_builder(&f);
-    b.arg(x.cuda());
-    match gather {
-        Some((g, _)) => b.arg(g.cuda()),
-        None => b.arg(&none),
-    };
-    b.arg(&div).arg(&mut q).arg(&mut sx).arg(&rows).arg(&k).arg(&stride);
-    // SAFETY: di_quantize_x_fp4dec takes (x, gather, gather_div, xq, sxt, rows, k, sx_stride); q
-    // holds rows * k bytes and sx stride * k / 128 scales (stride >= rows); x holds every source row
-    // (rows of x, or gather[r] / div for r < rows: the caller checked); k % 128 == 0.
-    unsafe { b.launch(cfg) }?;
-    Ok((q, sx, stride))
 }
 
 /// Launch the tensor-core GEMM (and its split-k reduce). `gather`: x rows through a dispatch's

@@ -304,36 +304,43 @@ pub(crate) fn gemm_fp4_grouped_launch(
     Ok(())
 }
 
-/// Dynamic shared memory of `di_gemm_fp4q_wg_n{cols}`: alignment slack, 5 slots (F4D_STAGES) of a
-/// 64-row x 128-byte W tile, two cols-row x 128-byte x tiles and 2 x (cols + 4) scales, rounded up to
-/// 1 KiB (F4dSlot in gemm_sm90.cu, whose static_assert checks the sizes), 10 barriers.
-pub(crate) fn fp4q_wg_smem(cols: u32) -> u32 {
-    let slot = (64 * 128 + 2 * cols * 128 + 2 * (cols + 4) * 4).div_ceil(1024) * 1024;
-    1024 + 5 * slot + 10 * 8
+/// Dynamic shared memory of `di_gemm_fp4q_wg_n{cols}` for k: alignment slack, x's rounded rows
+/// (k / 128 tiles of cols x 128 bytes) and their scales (padded to 1 KiB), 5 W slots (F4D_STAGES)
+/// of 64 rows x 128 bytes, 10 barriers (`f4d_smem` in gemm_sm90.cu, whose static_assert checks
+/// k = 4096).
+pub(crate) fn fp4q_wg_smem(cols: u32, k: u32) -> u32 {
+    let kc = k / 128;
+    1024 + kc * cols * 128 + (kc * cols * 4).div_ceil(1024) * 1024 + 5 * 64 * 128 + 10 * 8
 }
 /// Threads of `di_gemm_fp4q_wg_n*`: a compute warpgroup and a TMA warp.
 const FP4Q_WG_THREADS: u32 = 160;
-/// Resident blocks an SM of `di_gemm_fp4q_wg_n{cols}` (its __launch_bounds__: registers).
-fn fp4q_wg_blocks_per_sm(cols: u32) -> u32 {
-    if cols <= 8 {
-        3
-    } else {
-        2
+/// Shared memory of an sm_90 SM, and what it reserves per resident block.
+const SM90_SMEM_PER_SM: u32 = 228 * 1024;
+const SM90_SMEM_RESERVED_PER_BLOCK: u32 = 1024;
+/// Resident blocks an SM of `di_gemm_fp4q_wg_n{cols}` for k: as many as its shared memory allows,
+/// at most its __launch_bounds__ (registers: 3 for 8 columns, 2 for 16); 0 when one block's x does
+/// not fit (then the streaming kernel runs).
+pub(crate) fn fp4q_wg_blocks_per_sm(cols: u32, k: u32) -> u32 {
+    let per_block = fp4q_wg_smem(cols, k) + SM90_SMEM_RESERVED_PER_BLOCK;
+    let by_regs = if cols <= 8 { 3 } else { 2 };
+    if fp4q_wg_smem(cols, k) > SM90_SMEM_PER_SM - SM90_SMEM_RESERVED_PER_BLOCK {
+        return 0;
     }
+    (SM90_SMEM_PER_SM / per_block).min(by_regs)
 }
 
 /// The grid of `di_gemm_fp4q_wg_n{cols}` for at most `items` (chunk, 64-row tile) items: every
 /// resident block of the GPU, or a block an item when they are fewer.
-pub(crate) fn fp4q_wg_grid(items: u64, cols: u32, sm_count: u32) -> u32 {
-    items.min((fp4q_wg_blocks_per_sm(cols) * sm_count) as u64).max(1) as u32
+pub(crate) fn fp4q_wg_grid(items: u64, cols: u32, k: u32, sm_count: u32) -> u32 {
+    items.min((fp4q_wg_blocks_per_sm(cols, k) * sm_count) as u64).max(1) as u32
 }
 
-/// The grouped FP4 decode GEMM on Hopper's FP8 tensor cores (`di_gemm_fp4q_wg_n{8,16}`): x's rows
-/// gathered (through `gather`), rounded to e4m3 and reordered in k in one pass
-/// ([`super::launch::quantize_x_fp4dec`]); then persistent blocks over (chunk, 64-row tile) items,
-/// launched with programmatic dependent launch unless switched off ([`crate::ops::set_pdl`]).
-/// The caller checked x, every expert's w and scale, y [p.m, n], chunks of up to 16 rows,
-/// activation quantisation, k % 128 == 0, n % 64 == 0, and that the GPU is sm_90.
+/// The grouped FP4 decode GEMM on Hopper's FP8 tensor cores (`di_gemm_fp4q_wg_n{8,16}`): persistent
+/// blocks over (chunk, 64-row tile) items, each rounding its chunks' x rows (through `gather`) to
+/// e4m3 in shared memory itself, so the op is one launch, with programmatic dependent launch unless
+/// switched off ([`crate::ops::set_pdl`]). The caller checked x, every expert's w and scale, y [p.m,
+/// n], chunks of up to 16 rows, activation quantisation, k % 128 == 0, n % 64 == 0, that the
+/// shared memory fits (`fp4q_wg_blocks_per_sm` > 0) and that the GPU is sm_90.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_fp4q_wg_launch(
     stream: &Stream,
@@ -353,46 +360,44 @@ pub(crate) fn gemm_fp4q_wg_launch(
         return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
     }
     let experts = w.len() as u64 / wb as u64;
-    if experts * p.n as u64 > i32::MAX as u64 || 4 * p.m as u64 > i32::MAX as u64 {
+    if experts * p.n as u64 > i32::MAX as u64 {
         return Err(crate::FfiError::shape(
             "gemm_grouped",
             "w",
-            format!("{experts} experts x {} rows, or {} rows of x, exceed the TMA coordinates (2^31)", p.n, p.m),
+            format!("{experts} experts x {} rows exceed the TMA coordinates (2^31)", p.n),
         ));
     }
     let cols = if *tile <= 8 { 8 } else { 16 };
     let be = backend(stream);
     let s = stream.cuda_stream("gemm_grouped", "x")?;
-    let (xq, sxt, sx_stride) = super::launch::quantize_x_fp4dec(stream, x, gather, p.m, p.k)?;
-    let smem = fp4q_wg_smem(cols);
+    let smem = fp4q_wg_smem(cols, p.k);
     let f = be.function_with_smem("gemm_sm90", &format!("di_gemm_fp4q_wg_n{cols}"), smem)?;
-    let (x_ptr, _x_sync) = xq.device_ptr(s);
-    let (sx_ptr, _sx_sync) = sxt.device_ptr(s);
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
-    let mut map_x = tma_map_bytes_128(x_ptr, p.m as u64, p.k as u64, cols)?;
-    let mut map_sx = tma_map_raw(
-        sx_ptr,
-        &[4 * p.m as u64, (p.k / 128) as u64],
-        &[4 * sx_stride as u64],
-        &[4 * (cols + 4), 2],
-        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-    )?;
     let mut map_w = tma_map_bytes_128(w_ptr, experts * p.n as u64, p.k as u64 / 2, 64)?;
     let items = *capacity as u64 * (p.n / 64) as u64;
     let cfg = LaunchConfig {
-        grid_dim: (fp4q_wg_grid(items, cols, be.sm_count()), 1, 1),
+        grid_dim: (fp4q_wg_grid(items, cols, p.k, be.sm_count()), 1, 1),
         block_dim: (FP4Q_WG_THREADS, 1, 1),
         shared_mem_bytes: smem,
+    };
+    let (mut x_ptr, _x_sync) = x.cuda().device_ptr(s);
+    let (mut g_ptr, _g_sync, mut div) = match gather {
+        Some((g, d)) => {
+            let (ptr, sync) = g.cuda().device_ptr(s);
+            (ptr, Some(sync), d)
+        }
+        None => (0, None, 1),
     };
     let (mut s_ptr, _s_sync) = scale.cuda().device_ptr(s);
     let (mut y_ptr, _y_sync) = y.cuda_mut().device_ptr_mut(s);
     let (mut c_ptr, _c_sync) = chunks.cuda().device_ptr(s);
     let (mut nc_ptr, _nc_sync) = num_chunks.cuda().device_ptr(s);
     let (mut n, mut k) = (p.n, p.k);
-    let mut args: [*mut std::ffi::c_void; 9] = [
+    let mut args: [*mut std::ffi::c_void; 10] = [
         (&mut map_w as *mut TmaMap).cast(),
-        (&mut map_x as *mut TmaMap).cast(),
-        (&mut map_sx as *mut TmaMap).cast(),
+        (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut g_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut div as *mut u32).cast(),
         (&mut s_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut y_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut c_ptr as *mut sys::CUdeviceptr).cast(),
@@ -400,14 +405,13 @@ pub(crate) fn gemm_fp4q_wg_launch(
         (&mut n as *mut u32).cast(),
         (&mut k as *mut u32).cast(),
     ];
-    // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, map_x, map_sx, sw, y, chunks, num_chunks, n, k), in
-    // this order and these types; map_x describes the [p.m, k] e4m3 rows and map_sx their
-    // transposed scales [k / 128, sx_stride] (fresh, freed in stream order after the launch), map_w
-    // the experts' [experts * n, k / 2] FP4 bytes (all alive until queued: their sync guards);
-    // scale holds experts * n * k / 32 bytes, y [p.m, n] (checked by the op); the dispatch's chunks
-    // name experts < experts and rows < p.m, at most `tile` <= cols each, written before the
-    // quantisation launch that this grid may overlap (it reads only weights and the chunks before
-    // its pdl_wait); k % 128 == 0 and n % 64 == 0 as the kernel requires.
+    // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n,
+    // k), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
+    // bytes (alive until queued: its sync guard, as every buffer here); x holds every row the
+    // gather names (or p.m rows without one), scale experts * n * k / 32 bytes, y [p.m, n] (checked
+    // by the op); the dispatch's chunks name experts < experts and rows < p.m, at most `tile` <=
+    // cols each; a null gather passes as 0; k % 128 == 0, n % 64 == 0 and the shared memory is
+    // f4d_smem for k, as the kernel requires.
     unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
 }
 
@@ -421,12 +425,21 @@ mod tests {
     #[test]
     fn fp4q_wg_blocks_fit_shared_memory_and_the_grid_follows_the_items() {
         for cols in [8u32, 16] {
-            assert!(fp4q_wg_blocks_per_sm(cols) * fp4q_wg_smem(cols) <= 227 * 1024, "{cols} columns");
+            for k in (128..=16384).step_by(128) {
+                let b = fp4q_wg_blocks_per_sm(cols, k);
+                assert!(b * (fp4q_wg_smem(cols, k) + 1024) <= 228 * 1024, "{cols} columns, k {k}");
+                assert_eq!(b == 0, fp4q_wg_smem(cols, k) > 227 * 1024, "{cols} columns, k {k}");
+            }
         }
-        assert_eq!(fp4q_wg_grid(384, 8, 132), 384, "one V4-Flash token: 6 chunks x 64 tiles");
-        assert_eq!(fp4q_wg_grid(304 * 64, 8, 132), 396);
-        assert_eq!(fp4q_wg_grid(304 * 64, 16, 132), 264);
-        assert_eq!(fp4q_wg_grid(0, 8, 132), 1);
+        // V4-Flash (k = 4096 for gate/up, 2048 for down): the register bound.
+        assert_eq!(fp4q_wg_blocks_per_sm(8, 4096), 3);
+        assert_eq!(fp4q_wg_blocks_per_sm(16, 4096), 2);
+        assert_eq!(fp4q_wg_blocks_per_sm(16, 2048), 2);
+        assert_eq!(fp4q_wg_blocks_per_sm(16, 16384), 0, "256 KiB of x");
+        assert_eq!(fp4q_wg_grid(384, 8, 4096, 132), 384, "one V4-Flash token: 6 chunks x 64 tiles");
+        assert_eq!(fp4q_wg_grid(304 * 64, 8, 4096, 132), 396);
+        assert_eq!(fp4q_wg_grid(304 * 64, 16, 4096, 132), 264);
+        assert_eq!(fp4q_wg_grid(0, 8, 4096, 132), 1);
     }
 
     #[test]
