@@ -1151,6 +1151,22 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     // u ^ g, word q.
     const uint32_t w_off = (16 * warp + g) * 128 + 4 * q;
     const uint64_t x_desc0 = wgmma_desc_sw128(smem_addr(xs));  // k block 0's x tile
+    // The slots' W words a step ahead: this thread's 16 words of slot jj (k block h, step st at
+    // 8 h + 2 st, row + 8 next), read once the slot has landed; the slot is free again once they
+    // are widened.
+    const uint32_t total = (i1 - i0) * pairs;
+    uint32_t wv[16];
+    auto fetch = [&](uint32_t jj) {
+        mbar_wait(&full[jj % F4D_STAGES], (jj / F4D_STAGES) & 1);
+        const uint8_t* wt = ring + (jj % F4D_STAGES) * F4D_W + w_off;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t u = ((i ^ g) % 8) * 16;  // unit i = 4 h + st of the row, swizzled
+            wv[2 * i] = *reinterpret_cast<const uint32_t*>(wt + u);
+            wv[2 * i + 1] = *reinterpret_cast<const uint32_t*>(wt + 8 * 128 + u);
+        }
+    };
+    if (total > 0) fetch(0);
     uint32_t j = 0, rounded = ~0u;  // slots consumed so far; the chunk whose x is in xs
     for (uint32_t it = i0; it < i1; ++it) {
         const uint32_t z = it / tiles;
@@ -1171,13 +1187,12 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
         for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
         uint32_t fa[4][4], fb[4][4];
         float da[4][N / 2], db[4][N / 2];
-        // W words of k block h of the slot at `wt`, widened into fragments f.
-        auto widen = [&](const uint8_t* wt, uint32_t h, uint32_t (&f)[4][4]) {
+        // The fetched words of k block h, widened into fragments f.
+        auto widen = [&](uint32_t h, uint32_t (&f)[4][4]) {
 #pragma unroll
             for (int st = 0; st < 4; ++st) {
-                const uint32_t u = ((4 * h + st) ^ g) * 16;
-                fp4x8_to_e4m3_lo6(*reinterpret_cast<const uint32_t*>(wt + u), f[st][0], f[st][2]);
-                fp4x8_to_e4m3_lo6(*reinterpret_cast<const uint32_t*>(wt + 8 * 128 + u), f[st][1], f[st][3]);
+                fp4x8_to_e4m3_lo6(wv[8 * h + 2 * st], f[st][0], f[st][2]);
+                fp4x8_to_e4m3_lo6(wv[8 * h + 2 * st + 1], f[st][1], f[st][3]);
             }
         };
         auto mma = [&](uint64_t xd, const uint32_t (&f)[4][4], float (&d)[4][N / 2]) {
@@ -1216,25 +1231,27 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
         for (uint32_t kb = 0; kb < kc; kb += 2, ++j) {
             const uint32_t sg0 = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb));
             const uint32_t sh0 = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb));
-            const uint32_t s = j % F4D_STAGES;
-            mbar_wait(&full[s], (j / F4D_STAGES) & 1);
-            const uint8_t* wt = ring + s * F4D_W + w_off;
+            const bool two = kb + 1 < kc;
+            const uint32_t sg1 = two ? __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4)) : 0u;
+            const uint32_t sh1 = two ? __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4)) : 0u;
             const uint64_t xd = x_desc0 + kb * (N * 128 / 16);
-            widen(wt, 0, fa);
-            mma(xd, fa, da);
-            if (kb + 1 < kc) {
-                const uint32_t sg1 = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4));
-                const uint32_t sh1 = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4));
-                widen(wt, 1, fb);
+            widen(0, fa);
+            if (two) widen(1, fb);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[j % F4D_STAGES]);  // the slot's words are in registers
+            // The next slot's words load under this slot's MMAs (its wait comes first: a wait loop
+            // with a wgmma in flight serialises them, C7520).
+            if (j + 1 < total) fetch(j + 1);
+            if (two) {
+                mma(xd, fa, da);
                 mma(xd + N * 128 / 16, fb, db);
                 wgmma_wait<1>();
                 add(kb, da, sg0, sh0);
                 wgmma_wait<0>();
-                if (lane == 0) mbar_arrive(&empty[s]);
                 add(kb + 1, db, sg1, sh1);
             } else {
+                mma(xd, fa, da);
                 wgmma_wait<0>();
-                if (lane == 0) mbar_arrive(&empty[s]);
                 add(kb, da, sg0, sh0);
             }
         }

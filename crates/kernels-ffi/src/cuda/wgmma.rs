@@ -419,7 +419,6 @@ pub(crate) fn gemm_fp4q_wg_launch(
 mod tests {
     use super::*;
 
-    /// One block per SM at most, never more blocks than tiles times splits, at least one.
     /// The FP4 decode kernel's blocks fit the SM's 227 KiB of shared memory as many times as its
     /// register bound allows, and its grid is every resident block or a block an item.
     #[test]
@@ -442,6 +441,7 @@ mod tests {
         assert_eq!(fp4q_wg_grid(0, 8, 4096, 132), 1);
     }
 
+    /// One block per SM at most, never more blocks than tiles times splits, at least one.
     #[test]
     fn wgmma_grid_covers_the_tiles_with_at_most_one_block_per_sm() {
         assert_eq!(gemm_wgmma_grid(WGMMA_PLAIN, 4096, 4096, 1, 132), 132);
