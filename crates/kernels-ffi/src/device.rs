@@ -378,6 +378,58 @@ impl Stream {
     }
 }
 
+/// A stream's work recorded once ([`Stream::capture`]) and replayed by one launch: a CUDA graph.
+/// Replays read and write the buffers the recorded work named, so those must outlive the graph;
+/// scratch the work allocated and freed is part of the graph.
+pub struct Graph {
+    #[cfg(feature = "cuda")]
+    inner: cudarc::driver::CudaGraph,
+}
+
+impl Graph {
+    /// Queue the recorded work again, on the stream it was recorded from.
+    pub fn launch(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.launch()?;
+            Ok(())
+        }
+        #[cfg(not(feature = "cuda"))]
+        unreachable!("graphs exist only with the CUDA backend")
+    }
+}
+
+impl Stream {
+    /// Record the work `f` queues on this stream, and on streams that join it through events
+    /// ([`Stream::wait_event`]), into a [`Graph`] instead of running it: a decode step's dozen
+    /// launches then cost one launch of host time. `f` must not wait for the device (downloads,
+    /// synchronisation). CUDA only, and not the legacy default stream ([`Device::default_stream`]),
+    /// which CUDA cannot capture: use [`Device::new_stream`]. If `f` fails, the capture is ended
+    /// and its error returned.
+    pub fn capture(&self, f: impl FnOnce(&Stream) -> Result<()>) -> Result<Graph> {
+        #[cfg(feature = "cuda")]
+        if let Some(s) = &self.cuda {
+            if s.cu_stream().is_null() {
+                return Err(FfiError::shape("capture", "stream", "the legacy default stream cannot be captured"));
+            }
+            use cudarc::driver::sys;
+            s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let recorded = f(self);
+            let ended = s.end_capture(sys::CUgraphInstantiate_flags(0));
+            recorded?;
+            let inner = ended?.ok_or_else(|| FfiError::Driver("the capture recorded no graph".into()))?;
+            inner.upload()?;
+            return Ok(Graph { inner });
+        }
+        let _ = f;
+        Err(FfiError::shape(
+            "capture",
+            "stream",
+            format!("{} streams run at once; only CUDA streams record", self.device.label()),
+        ))
+    }
+}
+
 /// A point in a stream's work, for timing.
 pub struct Event {
     inner: EventInner,

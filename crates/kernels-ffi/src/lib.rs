@@ -41,7 +41,7 @@ pub mod rope;
 pub mod sampling;
 pub mod testing;
 
-pub use device::{Device, DeviceBuffer, DeviceKind, Event, Stream};
+pub use device::{Device, DeviceBuffer, DeviceKind, Event, Graph, Stream};
 pub use element::{DType, Element};
 pub use error::FfiError;
 pub use params::{GemmParams, RmsNormParams, RopeParams};

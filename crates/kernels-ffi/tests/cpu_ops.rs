@@ -228,3 +228,19 @@ fn probe_read_names_bad_fields() {
     let err = deepinfer_kernels_ffi::ops::probe_read(&s, &s.upload(&[0u8; 32]).unwrap(), &mut empty).unwrap_err();
     assert!(err.to_string().contains("out"), "{err}");
 }
+
+/// Only CUDA streams record graphs: a CPU stream refuses, naming the stream, and runs nothing.
+#[test]
+fn capture_on_a_cpu_stream_is_refused() {
+    let s = deepinfer_kernels_ffi::Device::cpu().default_stream();
+    let mut ran = false;
+    let err = s
+        .capture(|_| {
+            ran = true;
+            Ok(())
+        })
+        .err()
+        .expect("a CPU stream recorded a graph");
+    assert!(err.to_string().contains("`stream`"), "{err}");
+    assert!(!ran, "the work ran instead of being recorded");
+}

@@ -1,5 +1,5 @@
 //! One MoE sublayer at V4-Flash shapes on the GPU (issue #7): 256 routed experts with FP4 weights,
-//! top-6, a shared expert with FP8 weights, hidden 4096, intermediate 2048; 1, 64 and 4,096 tokens.
+//! top-6, a shared expert with FP8 weights, hidden 4096, intermediate 2048; 1, 16, 64 and 4,096 tokens.
 //! Prints a table and, with DEEPINFER_BENCH_JSON set, writes the numbers as JSON; prints that it
 //! skipped without a GPU. The PyTorch peer (transformers' DeepseekV4SparseMoeBlock, bf16) runs
 //! from `benches/peers/moe_layer_torch.py` in the same visit.
@@ -116,6 +116,34 @@ fn case(
     let ms_serial_shared = layer_ms(&mut ws, &mut out);
     set_shared_expert_overlap(true);
     let ms = layer_ms(&mut ws, &mut out);
+    // Decode batches as one CUDA graph a forward (the same inputs, a graph each, on a stream of
+    // the bench's own: CUDA cannot capture the legacy default stream): what the forward's host
+    // time and launches cost. Replays are checked against a direct forward.
+    let ms_graph = (tokens <= 64).then(|| {
+        let gs = s.device().new_stream().unwrap();
+        let mut gws = MoeWorkspace::new(&gs, w, tokens).unwrap();
+        let mut gout = gs.zeros::<bf16>(tokens as usize * d).unwrap();
+        forward(&gs, w, &xs[0], None, &mut gws, &mut gout).unwrap();
+        let want = gs.download(&gout).unwrap();
+        let graphs: Vec<_> =
+            xs.iter().map(|x| gs.capture(|st| forward(st, w, x, None, &mut gws, &mut gout)).unwrap()).collect();
+        graphs[0].launch().unwrap();
+        assert_eq!(gs.download(&gout).unwrap(), want, "the graph's forward differs from the direct one");
+        let mut times = Vec::new();
+        let mut g = 0;
+        for rep in 0..12 {
+            let a = gs.record_event().unwrap();
+            for _ in 0..batch {
+                g = (g + 1) % graphs.len();
+                graphs[g].launch().unwrap();
+            }
+            let b = gs.record_event().unwrap();
+            if rep >= 2 {
+                times.push(a.elapsed_ms(&b).unwrap() as f64 / batch as f64);
+            }
+        }
+        median(times)
+    });
     // Where the time goes: each stage alone on the last input's routing (same workspace).
     let x = &xs[at];
     let stage = |f: &mut dyn FnMut()| {
@@ -300,6 +328,9 @@ fn case(
     }
     println!("  routed GEMM kernels: gate/up {}, down {}", kernels_on.0, kernels_on.1);
     println!("  layer with the shared expert after the routed ones on one stream: {ms_serial_shared:.4} ms; overlapped on a second stream: {ms:.4} ms");
+    if let Some(gm) = ms_graph {
+        println!("  layer as one CUDA graph a forward: {gm:.4} ms (direct launches {ms:.4} ms, {:.2}x)", ms / gm);
+    }
     if let Some(off) = ms_off {
         println!(
             "  layer with the earlier FP4 kernels ({}, {}): {off:.4} ms; now: {ms:.4} ms ({:.2}x)",
@@ -329,6 +360,7 @@ fn case(
         "routed_gemm_stage_achieved_over_byte_floor": gemm_floor,
         "routed_gemm_kernels": {"gate_up": kernels_on.0, "down": kernels_on.1},
         "median_ms_earlier_fp4_kernels": ms_off, "median_ms_shared_expert_on_one_stream": ms_serial_shared,
+        "median_ms_cuda_graph": ms_graph,
         "routed_gemm_kernels_earlier": {"gate_up": kernels_off.0, "down": kernels_off.1}})
 }
 
@@ -355,7 +387,7 @@ fn main() {
     // DEEPINFER_MOE_TOKENS (comma-separated) runs only those batch sizes (profiling one case).
     let sizes: Vec<u32> = match std::env::var("DEEPINFER_MOE_TOKENS") {
         Ok(v) => v.split(',').map(|t| t.trim().parse().expect("DEEPINFER_MOE_TOKENS: token counts")).collect(),
-        Err(_) => vec![1, 64, 4096],
+        Err(_) => vec![1, 16, 64, 4096],
     };
     let split = unstack(&s, &w.routed, w.inter, w.dim);
     let shared_split = unstack(&s, w.shared.as_ref().unwrap(), w.inter, w.dim);

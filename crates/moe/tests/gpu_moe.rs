@@ -331,3 +331,57 @@ fn gpu_dispatch_small_matches_three_launches() {
         println!("dispatch tokens={tokens} experts={experts} top_k={top_k} tile={tile}: one launch == three");
     }
 }
+
+/// The decode layer recorded as one CUDA graph (`Stream::capture`, both streams of the shared
+/// expert's overlap) gives the bits a direct forward gives, and a replay reads its input buffer as
+/// it is at the replay: a new x written into the same buffer gives that x's direct output.
+#[test]
+fn gpu_moe_layer_replays_as_a_graph() {
+    let Some(dev) = cuda_device_or_skip("gpu_moe_layer_replays_as_a_graph") else {
+        return;
+    };
+    let seed = fresh_seed();
+    println!("gpu_moe_layer_replays_as_a_graph: seed {seed}");
+    let mut rng = SplitMix(seed);
+    // A stream of its own: CUDA cannot capture the legacy default stream.
+    let s = dev.new_stream().unwrap();
+    for (tokens, routed) in
+        [(1u32, WeightFormat::Fp4Row32), (37, WeightFormat::Fp4Row32), (5, WeightFormat::Fp8Block128)]
+    {
+        let spec = RandomMoe {
+            dim: 512,
+            inter: 256,
+            experts: 64,
+            top_k: 6,
+            routed,
+            shared: true,
+            hash_vocab: None,
+            seed: rng.next_u64(),
+        };
+        let w = MoeWeights::random(&s, spec).unwrap();
+        let n = tokens as usize * 512;
+        let xs: Vec<Vec<bf16>> =
+            (0..2).map(|_| rng.vec(n).into_iter().map(|v| bf16::from_f32(2.0 * v)).collect()).collect();
+        let mut ws = MoeWorkspace::new(&s, &w, tokens).unwrap();
+        let mut out = s.zeros::<bf16>(n).unwrap();
+        let mut x = s.upload(&xs[0]).unwrap();
+        let direct: Vec<Vec<bf16>> = xs
+            .iter()
+            .map(|xv| {
+                s.write(&mut x, xv).unwrap();
+                forward(&s, &w, &x, None, &mut ws, &mut out).unwrap();
+                s.download(&out).unwrap()
+            })
+            .collect();
+        s.write(&mut x, &xs[0]).unwrap();
+        s.synchronize().unwrap();
+        let graph = s.capture(|st| forward(st, &w, &x, None, &mut ws, &mut out)).unwrap();
+        for (i, xv) in xs.iter().enumerate() {
+            s.write(&mut x, xv).unwrap();
+            s.fill_zero(&mut out).unwrap();
+            graph.launch().unwrap();
+            assert_eq!(s.download(&out).unwrap(), direct[i], "tokens {tokens} {routed:?}: replay {i} differs");
+        }
+        println!("graph moe layer tokens={tokens} {routed:?}: replays == direct forwards");
+    }
+}
