@@ -1150,7 +1150,11 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     // This thread's W words: row 16 warp + g (+ 8 rows: 1024 bytes on, same swizzle), unit u at
     // u ^ g, word q.
     const uint32_t w_off = (16 * warp + g) * 128 + 4 * q;
-    const uint64_t x_desc0 = wgmma_desc_sw128(smem_addr(xs));  // k block 0's x tile
+    // k block 0's x tile; only the descriptor's low word (the start address) moves, so offsets are
+    // 32-bit adds (a 64-bit add and its carry cost twice the instructions in the loop).
+    const uint64_t x_desc0 = wgmma_desc_sw128(smem_addr(xs));
+    const uint32_t x_lo0 = static_cast<uint32_t>(x_desc0);
+    const uint64_t x_hi = x_desc0 & 0xFFFFFFFF00000000ull;
     // The slots' W words a step ahead: this thread's 16 words of slot jj (k block h, step st at
     // 8 h + 2 st, row + 8 next), read once the slot has landed; the slot is free again once they
     // are widened.
@@ -1195,12 +1199,12 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
                 fp4x8_to_e4m3_lo6(wv[8 * h + 2 * st + 1], f[st][1], f[st][3]);
             }
         };
-        auto mma = [&](uint64_t xd, const uint32_t (&f)[4][4], float (&d)[4][N / 2]) {
+        auto mma = [&](uint32_t xlo, const uint32_t (&f)[4][4], float (&d)[4][N / 2]) {
 #pragma unroll
             for (int st = 0; st < 4; ++st) wgmma_fence_regs(d[st]);
             wgmma_fence();
 #pragma unroll
-            for (int st = 0; st < 4; ++st) wgmma_rs_e4m3<N>(d[st], f[st], xd + 2 * st);  // + 32 bytes a step
+            for (int st = 0; st < 4; ++st) wgmma_rs_e4m3<N>(d[st], f[st], x_hi | (xlo + 2 * st));  // + 32 bytes a step
             wgmma_commit();
         };
         // k block kb's sums (done) times the rows' group scales (words scg, sch: 4 ue8m0 bytes each),
@@ -1234,7 +1238,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
             const bool two = kb + 1 < kc;
             const uint32_t sg1 = two ? __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4)) : 0u;
             const uint32_t sh1 = two ? __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4)) : 0u;
-            const uint64_t xd = x_desc0 + kb * (N * 128 / 16);
+            const uint32_t xd = x_lo0 + kb * (N * 128 / 16);
             widen(0, fa);
             if (two) widen(1, fb);
             __syncwarp();

@@ -333,6 +333,9 @@ impl Stream {
             EventInner::Cuda(e) => {
                 let s = self.cuda_stream("wait_event", "ev")?;
                 s.wait(e)?;
+                if let Device::Cuda(b) = &self.device {
+                    b.note_event_wait(s);
+                }
                 Ok(())
             }
         }

@@ -11,7 +11,9 @@
 //! HBM), warm-up, then CUDA events around batches of forwards, median of the batches.
 
 use deepinfer_kernels_ffi::moe::{self as mops, GroupedInput, RouteBy};
-use deepinfer_kernels_ffi::ops::{gemm_lowp, set_fp4_dec_wgmma, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat};
+use deepinfer_kernels_ffi::ops::{
+    gemm_lowp, set_fp4_dec_wgmma, set_fp4_wgmma, set_moe_dispatch_small, set_pdl, WeightFormat,
+};
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
 use deepinfer_kernels_ffi::GemmParams;
 use deepinfer_kernels_ffi::{DeviceBuffer, Stream};
@@ -115,6 +117,11 @@ fn case(
     set_shared_expert_overlap(false);
     let ms_serial_shared = layer_ms(&mut ws, &mut out);
     set_shared_expert_overlap(true);
+    // Every kernel launched without programmatic dependent launch (each waits for the one before
+    // to finish before it even starts), then as by default.
+    set_pdl(false);
+    let ms_no_pdl = layer_ms(&mut ws, &mut out);
+    set_pdl(true);
     let ms = layer_ms(&mut ws, &mut out);
     // Decode batches as one CUDA graph a forward (the same inputs, a graph each, on a stream of
     // the bench's own: CUDA cannot capture the legacy default stream): what the forward's host
@@ -328,6 +335,10 @@ fn case(
     }
     println!("  routed GEMM kernels: gate/up {}, down {}", kernels_on.0, kernels_on.1);
     println!("  layer with the shared expert after the routed ones on one stream: {ms_serial_shared:.4} ms; overlapped on a second stream: {ms:.4} ms");
+    println!(
+        "  layer without programmatic dependent launch: {ms_no_pdl:.4} ms; with: {ms:.4} ms ({:.2}x)",
+        ms_no_pdl / ms
+    );
     if let Some(gm) = ms_graph {
         println!("  layer as one CUDA graph a forward: {gm:.4} ms (direct launches {ms:.4} ms, {:.2}x)", ms / gm);
     }
@@ -360,7 +371,7 @@ fn case(
         "routed_gemm_stage_achieved_over_byte_floor": gemm_floor,
         "routed_gemm_kernels": {"gate_up": kernels_on.0, "down": kernels_on.1},
         "median_ms_earlier_fp4_kernels": ms_off, "median_ms_shared_expert_on_one_stream": ms_serial_shared,
-        "median_ms_cuda_graph": ms_graph,
+        "median_ms_cuda_graph": ms_graph, "median_ms_without_pdl": ms_no_pdl,
         "routed_gemm_kernels_earlier": {"gate_up": kernels_off.0, "down": kernels_off.1}})
 }
 

@@ -26,6 +26,13 @@ pub struct CudaBackend {
     sm_count: u32,
     /// The split decode GEMM's scratch per stream, made on first use and grown on demand.
     split_scratch: Mutex<Vec<(Arc<CudaStream>, SplitScratch)>>,
+    /// Streams (their CUstream handles) whose last queued operation may be a wait for an event
+    /// of another stream: the next kernel launched there goes without programmatic dependent
+    /// launch, which lets a kernel start under the kernel before it in its stream and so pass
+    /// such a wait by. On the H200 a combine launched that way after the MoE layer's join read the
+    /// shared expert's output before the other stream had written it (an experiment, not kept);
+    /// the shared expert's first GEMM after the fork is the case the layer has.
+    waited: Mutex<std::collections::HashSet<usize>>,
 }
 
 /// Scratch of a GEMM whose k splits add up inside the launch (`di_gemm_fp8_dec_*` with several
@@ -88,6 +95,7 @@ impl CudaBackend {
             capability,
             sm_count: sm_count.max(1) as u32,
             split_scratch: Mutex::new(Vec::new()),
+            waited: Mutex::new(std::collections::HashSet::new()),
         }))
     }
 
@@ -207,6 +215,7 @@ impl CudaBackend {
     ) -> Result<()> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread()?;
+        let pdl = pdl && !lock(&self.waited).remove(&(stream.cu_stream() as usize));
         // SAFETY: a zeroed attribute is valid; the id and value set are the documented pair.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -226,6 +235,12 @@ impl CudaBackend {
         // SAFETY: the caller guarantees the arguments; config and attr outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
         Ok(())
+    }
+
+    /// Note that `stream` now waits for an event of another stream ([`crate::Stream::wait_event`]):
+    /// its next [`CudaBackend::launch_ex`] launch goes without programmatic dependent launch.
+    pub(crate) fn note_event_wait(&self, stream: &CudaStream) {
+        lock(&self.waited).insert(stream.cu_stream() as usize);
     }
 
     /// [`CudaBackend::function`] with the function's dynamic shared-memory limit raised to `bytes`
