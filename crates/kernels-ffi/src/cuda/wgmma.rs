@@ -231,6 +231,25 @@ const GEMM_FP4_WGMMA_THREADS: u32 = 4 * 128;
 /// Outputs (rows of W) one item of `di_gemm_fp4_wgmma` covers: 64 per math warpgroup.
 const GEMM_FP4_WGMMA_OUTPUTS: u32 = 192;
 
+/// The experts in `w` when their FP4 [n, k] matrices (and scales) lie back to back, as one TMA map
+/// over [experts * n, k / 2] bytes reads them, with every row a 32-bit TMA coordinate; an error
+/// naming `w` otherwise.
+fn fp4_tma_experts(w: &DeviceBuffer<u8>, w_stride: u64, s_stride: u64, p: &crate::params::GemmParams) -> Result<u64> {
+    let (wb, sb) = crate::ops::WeightFormat::Fp4Row32.bytes(p.n as usize, p.k as usize);
+    if w_stride != wb as u64 || s_stride != sb as u64 {
+        return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
+    }
+    let experts = w.len() as u64 / wb as u64;
+    if experts * p.n as u64 > i32::MAX as u64 {
+        return Err(crate::FfiError::shape(
+            "gemm_grouped",
+            "w",
+            format!("{experts} experts x {} rows exceed the TMA coordinates (2^31)", p.n),
+        ));
+    }
+    Ok(experts)
+}
+
 /// The grouped FP4 GEMM over a dispatch's 128-row chunks on the Hopper wgmma kernel: x's rows
 /// first gathered (through `gather`), rounded to FP8 (`p.quantize_x`) and reordered in k the way
 /// the kernel reads them, into a copy in one pass; then one persistent block per SM over (chunk,
@@ -250,17 +269,9 @@ pub(crate) fn gemm_fp4_grouped_launch(
     let super::launch::TcJobs::Grouped { chunks, num_chunks, capacity, w_stride, s_stride, .. } = jobs else {
         return Err(crate::FfiError::shape("gemm_grouped", "jobs", "the FP4 wgmma kernel takes MoE chunks"));
     };
-    let (wb, sb) = crate::ops::WeightFormat::Fp4Row32.bytes(p.n as usize, p.k as usize);
-    if *w_stride != wb as u64 || *s_stride != sb as u64 {
-        return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
-    }
-    let experts = w.len() as u64 / wb as u64;
-    if experts * p.n as u64 > i32::MAX as u64 || p.m as u64 > i32::MAX as u64 {
-        return Err(crate::FfiError::shape(
-            "gemm_grouped",
-            "w",
-            format!("{experts} experts x {} rows exceed the TMA coordinates (2^31)", p.n),
-        ));
+    let experts = fp4_tma_experts(w, *w_stride, *s_stride, p)?;
+    if p.m as u64 > i32::MAX as u64 {
+        return Err(crate::FfiError::shape("gemm_grouped", "x", format!("{} rows exceed the TMA coordinates", p.m)));
     }
     let be = backend(stream);
     let s = stream.cuda_stream("gemm_grouped", "x")?;
@@ -355,18 +366,7 @@ pub(crate) fn gemm_fp4q_wg_launch(
     let super::launch::TcJobs::Grouped { chunks, num_chunks, capacity, tile, w_stride, s_stride, .. } = jobs else {
         return Err(crate::FfiError::shape("gemm_grouped", "jobs", "the FP4 decode wgmma kernel takes MoE chunks"));
     };
-    let (wb, sb) = crate::ops::WeightFormat::Fp4Row32.bytes(p.n as usize, p.k as usize);
-    if *w_stride != wb as u64 || *s_stride != sb as u64 {
-        return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
-    }
-    let experts = w.len() as u64 / wb as u64;
-    if experts * p.n as u64 > i32::MAX as u64 {
-        return Err(crate::FfiError::shape(
-            "gemm_grouped",
-            "w",
-            format!("{experts} experts x {} rows exceed the TMA coordinates (2^31)", p.n),
-        ));
-    }
+    let experts = fp4_tma_experts(w, *w_stride, *s_stride, p)?;
     let cols = if *tile <= 8 { 8 } else { 16 };
     let be = backend(stream);
     let s = stream.cuda_stream("gemm_grouped", "x")?;
