@@ -385,3 +385,72 @@ fn gpu_moe_layer_replays_as_a_graph() {
         println!("graph moe layer tokens={tokens} {routed:?}: replays == direct forwards");
     }
 }
+
+/// The grouped FP4 decode GEMMs take any ue8m0 group scales: rows whose groups span 17 binades, at
+/// bases from 2^-32 to 2^32 (the Hopper FP8 tensor-core kernel scales every 32-wide group's sums on
+/// the CUDA cores, with no operand folding that a range could break), against the CPU, on every decode kernel the
+/// switches give, for 8- and 16-row chunks, gathered (gate/up) and ungathered (down) x. Tolerance
+/// as the layer's GEMMs: fp32 sums in another order, rounded once to bf16: 4e-3.
+#[test]
+fn gpu_fp4_decode_gemm_takes_any_group_scales() {
+    let Some(dev) = cuda_device_or_skip("gpu_fp4_decode_gemm_takes_any_group_scales") else {
+        return;
+    };
+    let s = dev.default_stream();
+    let cpu = deepinfer_kernels_ffi::Device::cpu().default_stream();
+    let seed = fresh_seed();
+    println!("gpu_fp4_decode_gemm_takes_any_group_scales: seed {seed}");
+    let mut rng = SplitMix(seed);
+    for (tokens, experts, top_k, tile, n, k) in
+        [(9u32, 8u32, 2u32, 8u32, 192u32, 640u32), (40, 8, 3, 16, 128, 512), (3, 4, 2, 8, 64, 384)]
+    {
+        let shape = MoeShape { tokens, experts, top_k };
+        let ids: Vec<i32> = (0..shape.pairs()).map(|_| (rng.next_u64() % experts as u64) as i32).collect();
+        let (wb, sb) = WeightFormat::Fp4Row32.bytes(n as usize, k as usize);
+        let w: Vec<u8> = (0..experts as usize * wb).map(|_| rng.next_u64() as u8).collect();
+        // Each row's groups span 17 binades around a base of its own, the bases 2^-32..2^32: every
+        // row is summed at its own scale, so a lost or misplaced group shows in its output.
+        let groups = (k / 32) as usize;
+        let sc: Vec<u8> = (0..experts as usize * n as usize)
+            .flat_map(|_| {
+                let base = 95 + (rng.next_u64() % 65) as u8;
+                (0..groups).map(|_| base - 8 + (rng.next_u64() % 17) as u8).collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(sc.len(), experts as usize * sb);
+        let xs: Vec<bf16> =
+            rng.vec(tokens as usize * k as usize).into_iter().map(|v| bf16::from_f32(4.0 * v)).collect();
+        let rows = shape.pairs();
+        // Ungathered x (the down GEMM's form): a row per pair.
+        let xr: Vec<bf16> = (0..rows * k as usize).map(|i| xs[i % xs.len()]).collect();
+        let run = |st: &Stream, gathered: bool| {
+            let mut d = mops::MoeDispatch::with_tile(st, shape, tile).unwrap();
+            mops::dispatch(st, &st.upload(&ids).unwrap(), &mut d).unwrap();
+            let (wbuf, sbuf) = (st.upload(&w).unwrap(), st.upload(&sc).unwrap());
+            let mut y = st.zeros::<bf16>(rows * n as usize).unwrap();
+            let x = st.upload(if gathered { &xs } else { &xr }).unwrap();
+            let input = if gathered { mops::GroupedInput::Tokens(&x) } else { mops::GroupedInput::Rows(&x) };
+            mops::gemm_grouped(st, WeightFormat::Fp4Row32, input, &d, &wbuf, &sbuf, &mut y, n, k, true).unwrap();
+            f32s(st, &y, rows * n as usize)
+        };
+        for gathered in [true, false] {
+            let want = run(&cpu, gathered);
+            for (on, kernel) in switch_kernels(set_fp4_dec_wgmma, || {
+                let d = mops::MoeDispatch::with_tile(&s, shape, tile).unwrap();
+                mops::gemm_grouped_cuda_kernel(&s, WeightFormat::Fp4Row32, &d, n, k, true)
+                    .map(|name| &*Box::leak(name.into_boxed_str()))
+            }) {
+                set_fp4_dec_wgmma(on);
+                let got = run(&s, gathered);
+                set_fp4_dec_wgmma(true);
+                assert!(got.iter().all(|v| v.is_finite()), "{kernel}: non-finite output");
+                close(
+                    &format!("fp4 decode GEMM, wide scales, {kernel} tokens={tokens} tile={tile} n={n} k={k} gathered={gathered}"),
+                    &got,
+                    &want,
+                    4e-3,
+                );
+            }
+        }
+    }
+}
