@@ -84,9 +84,9 @@ pub fn fp4x8_to_e4m3_lo6(w: u32) -> [u32; 2] {
     [((w & 0x0707_0707) << 2) | ((w & 0x0808_0808) << 4), ((w >> 2) & 0x1C1C_1C1C) | (w & 0x8080_8080)]
 }
 
-/// Where element k of an x row goes in the copy the Hopper grouped FP4 decode GEMM reads
-/// (`di_quantize_x_fp4dec`): within each 32-wide group (one wgmma k step, one FP4 scale group), the
-/// even k first, then the odd ones: slot j holds k = 2 j for j < 16 and 2 (j - 16) + 1 after. That
+/// Where element k of an x row goes in the shared-memory copy the Hopper grouped FP4 decode GEMM
+/// multiplies (`f4d_round_x` in gemm_sm90.cu): within each 32-wide group (one wgmma k step, one
+/// FP4 scale group), the even k first, then the odd ones: slot j holds k = 2 j for j < 16 and 2 (j - 16) + 1 after. That
 /// is the k-slot order of the wgmma A fragment that [`fp4x8_to_e4m3_lo6`] fills: thread q's slots
 /// 4 q.. take the even codes of its word (bytes 4 q.. of the group's 16), slots 16 + 4 q.. the odd.
 pub fn fp4_dec_x_position(k: usize) -> usize {
