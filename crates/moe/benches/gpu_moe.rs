@@ -28,6 +28,23 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Milliseconds a step takes: CUDA events on `s` around 12 batches of `batch` steps, the first two
+/// a warm-up, the median of the rest divided by `batch`.
+fn batched_ms(s: &Stream, batch: usize, mut step: impl FnMut()) -> f64 {
+    let mut times = Vec::new();
+    for rep in 0..12 {
+        let a = s.record_event().unwrap();
+        for _ in 0..batch {
+            step();
+        }
+        let b = s.record_event().unwrap();
+        if rep >= 2 {
+            times.push(a.elapsed_ms(&b).unwrap() as f64 / batch as f64);
+        }
+    }
+    median(times)
+}
+
 /// The earlier FP4 grouped decode kernel (`true`: the Hopper FP8 tensor-core decode kernel switched
 /// off, so decode chunks run the streaming mma.sync kernel) or the current ones (`false`, the
 /// default). Prefill chunks run the Hopper wgmma kernel either way (its A/B against the tiled
@@ -83,22 +100,13 @@ fn case(
     let batch = if tokens >= 1024 { 3 } else { 20 };
     let mut at = 0;
     let mut layer_ms = |ws: &mut MoeWorkspace, out: &mut deepinfer_kernels_ffi::DeviceBuffer<bf16>| {
-        let mut times = Vec::new();
-        for rep in 0..12 {
-            let a = s.record_event().unwrap();
-            for _ in 0..batch {
-                at = (at + 1) % inputs;
-                forward(s, w, &xs[at], None, ws, out).unwrap();
-            }
-            let b = s.record_event().unwrap();
-            if rep >= 2 {
-                times.push(a.elapsed_ms(&b).unwrap() as f64 / batch as f64);
-            }
-        }
-        median(times)
+        batched_ms(s, batch, || {
+            at = (at + 1) % inputs;
+            forward(s, w, &xs[at], None, ws, out).unwrap();
+        })
     };
-    // The routed GEMMs' kernels as they are (the default) and with the earlier FP4 kernels (the
-    // streaming decode kernel and the Hopper wgmma prefill kernel switched off).
+    // The routed GEMMs' kernels as they are (the default) and with the earlier FP4 decode kernel
+    // (the Hopper FP8 tensor-core decode kernel switched off: the streaming mma.sync kernel).
     let gemm_kernels = || {
         let dsp = &ws.dispatch;
         let gate =
@@ -136,20 +144,11 @@ fn case(
             xs.iter().map(|x| gs.capture(|st| forward(st, w, x, None, &mut gws, &mut gout)).unwrap()).collect();
         graphs[0].launch().unwrap();
         assert_eq!(gs.download(&gout).unwrap(), want, "the graph's forward differs from the direct one");
-        let mut times = Vec::new();
         let mut g = 0;
-        for rep in 0..12 {
-            let a = gs.record_event().unwrap();
-            for _ in 0..batch {
-                g = (g + 1) % graphs.len();
-                graphs[g].launch().unwrap();
-            }
-            let b = gs.record_event().unwrap();
-            if rep >= 2 {
-                times.push(a.elapsed_ms(&b).unwrap() as f64 / batch as f64);
-            }
-        }
-        median(times)
+        batched_ms(&gs, batch, || {
+            g = (g + 1) % graphs.len();
+            graphs[g].launch().unwrap();
+        })
     });
     // Where the time goes: each stage alone on the last input's routing (same workspace).
     let x = &xs[at];

@@ -169,6 +169,16 @@ pub(crate) fn uses_fp4_grouped_wgmma(
         && crate::ops::fp4_wgmma()
 }
 
+/// Columns (tokens) of the B operand the decode kernels take for up to `rows` rows (rows <= 16):
+/// their `_n8` or `_n16` form.
+pub(crate) fn decode_cols(rows: u32) -> u32 {
+    if rows <= 8 {
+        8
+    } else {
+        16
+    }
+}
+
 /// Whether a grouped GEMM over chunks of `tile` rows runs the Hopper FP4 decode kernel on the FP8
 /// tensor cores (`di_gemm_fp4q_wg_n{8,16}`): an sm_90 GPU, FP4 weights, chunks of up to 16 rows with
 /// activation quantisation (the MoE decode numerics), k % 128 == 0, n % 64 == 0, and x's rounded
@@ -185,7 +195,7 @@ pub(crate) fn uses_fp4_dec_wgmma(
         && p.quantize_x != 0
         && p.k.is_multiple_of(128)
         && p.n.is_multiple_of(64)
-        && super::wgmma::fp4q_wg_blocks_per_sm(if tile <= 8 { 8 } else { 16 }, p.k) > 0
+        && super::wgmma::fp4q_wg_blocks_per_sm(decode_cols(tile), p.k) > 0
         && crate::ops::fp8_mma_decode()
         && crate::ops::fp4_dec_wgmma()
 }
@@ -204,11 +214,11 @@ pub(crate) fn gemm_grouped_kernel(
         return "di_gemm_fp4_wgmma".into();
     }
     if uses_fp4_dec_wgmma(sm90, format, tile, p) {
-        return format!("di_gemm_fp4q_wg_n{}", if tile <= 8 { 8 } else { 16 });
+        return format!("di_gemm_fp4q_wg_n{}", decode_cols(tile));
     }
     if uses_fp4_mma_decode(format, tile, p.n, p.k, p.quantize_x != 0) {
         let stream = fp4q_stream_grid(Some(capacity as u64 * (p.n / 16) as u64), sm_count, tile).is_some();
-        return format!("di_gemm_fp4q_{}n{}", if stream { "stream_" } else { "" }, if tile <= 8 { 8 } else { 16 });
+        return format!("di_gemm_fp4q_{}n{}", if stream { "stream_" } else { "" }, decode_cols(tile));
     }
     let f = match format {
         crate::ops::WeightFormat::Fp8Block128 => "fp8",
@@ -402,11 +412,7 @@ fn gemm_fp4q_launch(
     }
     let items = matches!(jobs, TcJobs::Grouped { .. }).then_some(grid_z as u64 * (p.n / 16) as u64);
     let stream_grid = fp4q_stream_grid(items, be.sm_count(), tile);
-    let name = format!(
-        "di_gemm_fp4q_{}n{}",
-        if stream_grid.is_some() { "stream_" } else { "" },
-        if tile <= 8 { 8 } else { 16 }
-    );
+    let name = format!("di_gemm_fp4q_{}n{}", if stream_grid.is_some() { "stream_" } else { "" }, decode_cols(tile));
     let smem = stream_grid.map_or(0, |g| g.warps * FP4Q_STREAM_SMEM_PER_WARP);
     let f = be.function_with_smem("gemm", &name, smem)?;
     // Chunks in flight a warp: D in di_gemm_fp4q_n{8,16}.
@@ -517,10 +523,10 @@ pub(crate) fn gemm_lowp_kernel(
         return (h.kernel(), 128);
     }
     if uses_fp8_mma_decode(format, m, n, k, quantize) {
-        return (format!("di_gemm_fp8q_n{}", if m <= 8 { 8 } else { 16 }), 16);
+        return (format!("di_gemm_fp8q_n{}", decode_cols(m)), 16);
     }
     if uses_fp4_mma_decode(format, m, n, k, quantize) {
-        return (format!("di_gemm_fp4q_n{}", if m <= 8 { 8 } else { 16 }), 16);
+        return (format!("di_gemm_fp4q_n{}", decode_cols(m)), 16);
     }
     let f = match format {
         crate::ops::WeightFormat::Fp8Block128 => "fp8",

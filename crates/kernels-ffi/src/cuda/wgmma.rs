@@ -334,9 +334,6 @@ const SM90_SMEM_RESERVED_PER_BLOCK: u32 = 1024;
 pub(crate) fn fp4q_wg_blocks_per_sm(cols: u32, k: u32) -> u32 {
     let per_block = fp4q_wg_smem(cols, k) + SM90_SMEM_RESERVED_PER_BLOCK;
     let by_regs = if cols <= 8 { 3 } else { 2 };
-    if fp4q_wg_smem(cols, k) > SM90_SMEM_PER_SM - SM90_SMEM_RESERVED_PER_BLOCK {
-        return 0;
-    }
     (SM90_SMEM_PER_SM / per_block).min(by_regs)
 }
 
@@ -367,7 +364,7 @@ pub(crate) fn gemm_fp4q_wg_launch(
         return Err(crate::FfiError::shape("gemm_grouped", "jobs", "the FP4 decode wgmma kernel takes MoE chunks"));
     };
     let experts = fp4_tma_experts(w, *w_stride, *s_stride, p)?;
-    let cols = if *tile <= 8 { 8 } else { 16 };
+    let cols = super::launch::decode_cols(*tile);
     let be = backend(stream);
     let s = stream.cuda_stream("gemm_grouped", "x")?;
     let smem = fp4q_wg_smem(cols, p.k);
@@ -550,7 +547,7 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
     if !(1..=16).contains(&m) || !k.is_multiple_of(128) || k == 0 || !n.is_multiple_of(16) || n == 0 {
         return None;
     }
-    let tokens = if m <= 8 { 8 } else { 16 };
+    let tokens = super::launch::decode_cols(m);
     let (rb, nk) = (n.div_ceil(128), k / 128);
     let wide = 8 * rb >= 7 * sms;
     if !wide && tokens == 16 {
