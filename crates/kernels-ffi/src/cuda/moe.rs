@@ -149,7 +149,8 @@ pub(crate) fn route(
         .arg(&scaling);
     // SAFETY: matches di_moe_route (logits, bias, tid2eid, token_ids, ids, weights, status,
     // tokens, experts, top_k, vocab, scaling); the op checked experts <= 512, top_k <= 16 and every
-    // length (tid2eid [vocab, top_k], token_ids [tokens]); a warp per token, bounds-checked.
+    // length (tid2eid [vocab, top_k], token_ids [tokens]); eight tokens a block (32 KB of static
+    // shared memory), a warp each, bounds-checked.
     unsafe { b.launch(c) }?;
     Ok(())
 }
