@@ -127,34 +127,60 @@ __device__ __forceinline__ void router_logits_tc(const __nv_bfloat16* __restrict
 
 // Blocks of 64 tokens x 32 experts (4 warps: few tokens, many blocks) and of 64 tokens x 128
 // experts (16 warps: x read 4x fewer times); grid (experts / tile, tokens / 64, d / (256 group)).
+// status (may be null): set to 0 by the first block (the routing that follows on the stream
+// reports into it; resetting it here saves that a launch of its own).
 extern "C" __global__ void __launch_bounds__(128) di_moe_router_logits_s(const __nv_bfloat16* __restrict__ x,
                                                                          const __nv_bfloat16* __restrict__ w,
                                                                          float* __restrict__ partial, uint32_t tokens,
-                                                                         uint32_t experts, uint32_t d, uint32_t group) {
+                                                                         uint32_t experts, uint32_t d, uint32_t group,
+                                                                         int32_t* __restrict__ status) {
+    if (status && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *status = 0;
     router_logits_tc<4, 1>(x, w, partial, tokens, experts, d, group);
 }
 extern "C" __global__ void __launch_bounds__(512) di_moe_router_logits_l(const __nv_bfloat16* __restrict__ x,
                                                                          const __nv_bfloat16* __restrict__ w,
                                                                          float* __restrict__ partial, uint32_t tokens,
-                                                                         uint32_t experts, uint32_t d, uint32_t group) {
+                                                                         uint32_t experts, uint32_t d, uint32_t group,
+                                                                         int32_t* __restrict__ status) {
+    if (status && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *status = 0;
     router_logits_tc<4, 4>(x, w, partial, tokens, experts, d, group);
 }
 
-// logits[i] from the router blocks' `slices` results: each run of `fold` consecutive slices folded
-// left to right into a group sum (fold = 4: the blocks wrote sub-split sums; 1: group sums), then
-// the group sums folded left to right: the fixed tree of router_logits_tc.
+namespace {
+
+// Logit i of n from the router blocks' `slices` results: each run of `fold` consecutive slices
+// folded left to right into a group sum (fold = 4: the blocks wrote sub-split sums; 1: group sums),
+// then the group sums folded left to right: the fixed tree of router_logits_tc. Sixteen slices'
+// loads are issued before any is added.
+__device__ __forceinline__ float router_fold(const float* __restrict__ partial, size_t n, size_t i, uint32_t slices,
+                                             uint32_t fold) {
+    float v = 0.f, p = 0.f;
+    for (uint32_t base = 0; base < slices; base += 16) {
+        float sl[16];
+#pragma unroll
+        for (uint32_t j = 0; j < 16; ++j) sl[j] = base + j < slices ? partial[(base + j) * n + i] : 0.f;
+#pragma unroll
+        for (uint32_t j = 0; j < 16; ++j) {
+            if (base + j >= slices) break;
+            p += sl[j];
+            if ((base + j + 1) % fold == 0 || base + j + 1 == slices) {
+                v += p;
+                p = 0.f;
+            }
+        }
+    }
+    return v;
+}
+
+}  // namespace
+
+// logits[i] = router_fold over i's slices (the small-batch router's second launch where no
+// routing follows in the same op).
 extern "C" __global__ void di_moe_router_logits_reduce(const float* __restrict__ partial, float* __restrict__ logits,
                                                        uint32_t n, uint32_t slices, uint32_t fold) {
     const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = 0.f;
-    for (uint32_t g = 0; g * fold < slices; ++g) {
-        float p = 0.f;
-        for (uint32_t j = 0; j < fold && g * fold + j < slices; ++j)
-            p += partial[static_cast<size_t>(g * fold + j) * n + i];
-        v += p;
-    }
-    logits[i] = v;
+    logits[i] = router_fold(partial, n, i, slices, fold);
 }
 
 // One warp per token, eight tokens a block. Scores s = sqrt(softplus(z)). Score routing (tid2eid
@@ -165,8 +191,11 @@ extern "C" __global__ void di_moe_router_logits_reduce(const float* __restrict__
 // sets *status to 1. experts <= 32 * ROUTE_MAX_PER_LANE, top_k <= 32.
 // The scores of the block's tokens are computed by all its threads into shared memory first (a
 // warp computing its token's 256 scores itself, one after another, took 11 us for one token on the
-// H200; ncu).
-extern "C" __global__ void __launch_bounds__(256) di_moe_route(const float* __restrict__ logits,
+// H200; ncu). With `partial` (not null) the logits are first folded from the router GEMM's
+// `slices` results (router_fold, as di_moe_router_logits_reduce) and written to `logits`.
+extern "C" __global__ void __launch_bounds__(256) di_moe_route(float* __restrict__ logits,
+                                                               const float* __restrict__ partial, uint32_t slices,
+                                                               uint32_t fold,
                                                                const float* __restrict__ bias,
                                                                const int32_t* __restrict__ tid2eid,
                                                                const int32_t* __restrict__ token_ids,
@@ -182,7 +211,15 @@ extern "C" __global__ void __launch_bounds__(256) di_moe_route(const float* __re
     const uint32_t here = min(TOKENS_PER_BLOCK, tokens - t0);
     for (uint32_t q = threadIdx.x; q < here * experts; q += blockDim.x) {
         const uint32_t tt = q / experts, e = q % experts;
-        const float sc = sqrt_softplus(logits[static_cast<size_t>(t0 + tt) * experts + e]);
+        const size_t at = static_cast<size_t>(t0 + tt) * experts + e;
+        float z;
+        if (partial) {
+            z = router_fold(partial, static_cast<size_t>(tokens) * experts, at, slices, fold);
+            logits[at] = z;
+        } else {
+            z = logits[at];
+        }
+        const float sc = sqrt_softplus(z);
         const float kv = sc + (bias ? bias[e] : 0.f);
         s_score[tt][e] = sc;
         s_key[tt][e] = isnan(kv) ? -INFINITY : kv;

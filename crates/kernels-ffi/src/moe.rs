@@ -64,26 +64,71 @@ pub fn router_logits(
     experts: u32,
     d: u32,
 ) -> Result<()> {
-    const OP: &str = "router_logits";
-    if d == 0 || !d.is_multiple_of(8) {
-        return Err(FfiError::shape(OP, "d", format!("{d} must be a positive multiple of 8")));
-    }
-    let (t, e, dd) = (tokens as usize, experts as usize, d as usize);
-    check_len(OP, "x", x, t * dd)?;
-    check_len(OP, "gate", gate, e * dd)?;
-    check_len(OP, "logits", logits, t * e)?;
-    stream.check_on(OP, "x", x)?;
-    stream.check_on(OP, "gate", gate)?;
-    stream.check_on(OP, "logits", logits)?;
+    check_router_logits("router_logits", stream, x, gate, logits, tokens, experts, d)?;
     if tokens == 0 || experts == 0 {
         return Ok(());
     }
     if on_cpu(stream) {
-        host::router_logits(x.host(), gate.host(), logits.host_mut(), t, e, dd);
+        host::router_logits(x.host(), gate.host(), logits.host_mut(), tokens as usize, experts as usize, d as usize);
         return Ok(());
     }
     #[cfg(feature = "cuda")]
     return crate::cuda::moe::router_logits(stream, x, gate, logits, tokens, experts, d);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// The checks of [`router_logits`] (for `op`).
+#[allow(clippy::too_many_arguments)]
+fn check_router_logits(
+    op: &'static str,
+    stream: &Stream,
+    x: &DeviceBuffer<bf16>,
+    gate: &DeviceBuffer<bf16>,
+    logits: &DeviceBuffer<f32>,
+    tokens: u32,
+    experts: u32,
+    d: u32,
+) -> Result<()> {
+    if d == 0 || !d.is_multiple_of(8) {
+        return Err(FfiError::shape(op, "d", format!("{d} must be a positive multiple of 8")));
+    }
+    let (t, e, dd) = (tokens as usize, experts as usize, d as usize);
+    check_len(op, "x", x, t * dd)?;
+    check_len(op, "gate", gate, e * dd)?;
+    check_len(op, "logits", logits, t * e)?;
+    stream.check_on(op, "x", x)?;
+    stream.check_on(op, "gate", gate)?;
+    stream.check_on(op, "logits", logits)
+}
+
+/// [`router_logits`] then [`route`] (the same bits): on CUDA two launches instead of four, the
+/// GEMM resetting `out.status` and the routing folding the GEMM's k splits into the logits (which it
+/// writes) before it scores them.
+#[allow(clippy::too_many_arguments)]
+pub fn router(
+    stream: &Stream,
+    x: &DeviceBuffer<bf16>,
+    gate: &DeviceBuffer<bf16>,
+    logits: &mut DeviceBuffer<f32>,
+    d: u32,
+    by: &RouteBy<'_>,
+    scaling: f32,
+    shape: MoeShape,
+    out: &mut Routed,
+) -> Result<()> {
+    const OP: &str = "router";
+    check_router_logits(OP, stream, x, gate, logits, shape.tokens, shape.experts, d)?;
+    check_route(OP, stream, logits, by, scaling, shape, out)?;
+    if shape.tokens == 0 {
+        return stream.fill_zero(&mut out.status);
+    }
+    if on_cpu(stream) {
+        router_logits(stream, x, gate, logits, shape.tokens, shape.experts, d)?;
+        return route(stream, logits, by, scaling, shape, out);
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::router(stream, x, gate, logits, d, by, scaling, shape, out);
     #[cfg(not(feature = "cuda"))]
     unreachable!("without the CUDA backend every stream is a CPU stream")
 }
@@ -130,34 +175,9 @@ pub fn route(
     shape: MoeShape,
     out: &mut Routed,
 ) -> Result<()> {
-    const OP: &str = "route";
-    shape.check(OP)?;
-    if !scaling.is_finite() {
-        return Err(FfiError::shape(OP, "scaling", format!("{scaling} is not finite")));
-    }
-    let (t, e, k) = (shape.tokens as usize, shape.experts as usize, shape.top_k as usize);
-    check_len(OP, "logits", logits, t * e)?;
-    check_len(OP, "ids", &out.ids, t * k)?;
-    check_len(OP, "weights", &out.weights, t * k)?;
-    check_len(OP, "status", &out.status, 1)?;
-    stream.check_on(OP, "logits", logits)?;
-    stream.check_on(OP, "ids", &out.ids)?;
-    stream.check_on(OP, "weights", &out.weights)?;
-    stream.check_on(OP, "status", &out.status)?;
-    match by {
-        RouteBy::Score { bias: Some(b) } => {
-            check_len(OP, "bias", b, e)?;
-            stream.check_on(OP, "bias", b)?;
-        }
-        RouteBy::Score { bias: None } => {}
-        RouteBy::Hash { tid2eid, token_ids, vocab } => {
-            check_len(OP, "tid2eid", tid2eid, *vocab as usize * k)?;
-            check_len(OP, "token_ids", token_ids, t)?;
-            stream.check_on(OP, "tid2eid", tid2eid)?;
-            stream.check_on(OP, "token_ids", token_ids)?;
-        }
-    }
+    check_route("route", stream, logits, by, scaling, shape, out)?;
     stream.fill_zero(&mut out.status)?;
+    let (t, e, k) = (shape.tokens as usize, shape.experts as usize, shape.top_k as usize);
     if on_cpu(stream) {
         let hb = match by {
             RouteBy::Score { bias } => host::HostRouteBy::Score { bias: bias.map(|b| b.host()) },
@@ -174,6 +194,44 @@ pub fn route(
     return crate::cuda::moe::route(stream, logits, by, scaling, shape, out);
     #[cfg(not(feature = "cuda"))]
     unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
+/// The checks of [`route`] (for `op`).
+fn check_route(
+    op: &'static str,
+    stream: &Stream,
+    logits: &DeviceBuffer<f32>,
+    by: &RouteBy<'_>,
+    scaling: f32,
+    shape: MoeShape,
+    out: &Routed,
+) -> Result<()> {
+    shape.check(op)?;
+    if !scaling.is_finite() {
+        return Err(FfiError::shape(op, "scaling", format!("{scaling} is not finite")));
+    }
+    let (t, e, k) = (shape.tokens as usize, shape.experts as usize, shape.top_k as usize);
+    check_len(op, "logits", logits, t * e)?;
+    check_len(op, "ids", &out.ids, t * k)?;
+    check_len(op, "weights", &out.weights, t * k)?;
+    check_len(op, "status", &out.status, 1)?;
+    stream.check_on(op, "logits", logits)?;
+    stream.check_on(op, "ids", &out.ids)?;
+    stream.check_on(op, "weights", &out.weights)?;
+    stream.check_on(op, "status", &out.status)?;
+    match by {
+        RouteBy::Score { bias: Some(b) } => {
+            check_len(op, "bias", b, e)?;
+            stream.check_on(op, "bias", b)
+        }
+        RouteBy::Score { bias: None } => Ok(()),
+        RouteBy::Hash { tid2eid, token_ids, vocab } => {
+            check_len(op, "tid2eid", tid2eid, *vocab as usize * k)?;
+            check_len(op, "token_ids", token_ids, t)?;
+            stream.check_on(op, "tid2eid", tid2eid)?;
+            stream.check_on(op, "token_ids", token_ids)
+        }
+    }
 }
 
 /// Pairs grouped by expert. `offsets` [experts + 1]: rows of expert e are offsets[e]..offsets[e+1]

@@ -184,6 +184,18 @@ fn case(
         set_moe_dispatch_small(true);
         stages.insert(name.into(), t.into());
     }
+    // The router op as the layer runs it (the GEMM, then the routing folding its k splits), and the
+    // dispatch: the stages above but router_logits' fold launch and route's status reset.
+    stages.insert(
+        "router_and_dispatch".into(),
+        stage(&mut || {
+            let by = RouteBy::Score { bias: w.bias.as_ref() };
+            mops::router(s, x, &w.gate, &mut ws.logits, d as u32, &by, w.scaling, ws.dispatch.shape, &mut ws.routed)
+                .unwrap();
+            mops::dispatch(s, &ws.routed.ids, &mut ws.dispatch).unwrap();
+        })
+        .into(),
+    );
     // The tile64 / tile128 entries are the tiled mma.sync kernel (the earlier kernels). Gate and up
     // are one GEMM over the stacked [2 inter, dim] expert matrices.
     for (name, tile, earlier) in [

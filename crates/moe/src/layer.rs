@@ -248,14 +248,13 @@ fn routed_experts(
     token_ids: Option<&DeviceBuffer<i32>>,
     ws: &mut MoeWorkspace,
 ) -> Result<(), FfiError> {
-    let (t, e, d, i) = (ws.tokens, w.experts(), w.dim, w.inter);
+    let (d, i) = (w.dim, w.inter);
     let shape = ws.dispatch.shape;
-    ops::router_logits(stream, x, &w.gate, &mut ws.logits, t, e, d)?;
     let by = match (&w.hash, token_ids) {
         (Some(h), Some(ids)) => RouteBy::Hash { tid2eid: &h.tid2eid, token_ids: ids, vocab: h.vocab },
         _ => RouteBy::Score { bias: w.bias.as_ref() },
     };
-    ops::route(stream, &ws.logits, &by, w.scaling, shape, &mut ws.routed)?;
+    ops::router(stream, x, &w.gate, &mut ws.logits, d, &by, w.scaling, shape, &mut ws.routed)?;
     ops::dispatch(stream, &ws.routed.ids, &mut ws.dispatch)?;
     let r = &w.routed;
     let pairs = shape.pairs() as u32;

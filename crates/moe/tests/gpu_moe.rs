@@ -282,6 +282,64 @@ fn gpu_router_logits_are_batch_invariant() {
     }
 }
 
+/// The router op (the GEMM resetting the status, then the routing folding the GEMM's k splits
+/// itself) gives the bits of `router_logits` then `route`: logits, experts, weights and the
+/// unrouted flag, for score routing with a bias and hash routing with an out-of-range token id,
+/// at batches that take either router GEMM kernel with or without splits. Each case runs twice on
+/// the same `Routed` (first with the bad token, then without), so a status left set shows.
+#[test]
+fn gpu_router_op_matches_logits_then_route() {
+    let Some(dev) = cuda_device_or_skip("gpu_router_op_matches_logits_then_route") else {
+        return;
+    };
+    let s = dev.default_stream();
+    let seed = fresh_seed();
+    println!("gpu_router_op_matches_logits_then_route: seed {seed}");
+    let mut rng = SplitMix(seed);
+    let (experts, d, top_k, vocab) = (256u32, 4096u32, 6u32, 500u32);
+    let (e, dd) = (experts as usize, d as usize);
+    let gate = s.upload(&rng.vec(e * dd).into_iter().map(bf16::from_f32).collect::<Vec<_>>()).unwrap();
+    let bias = s.upload(&rng.vec(e).into_iter().map(|v| 0.1 * v).collect::<Vec<f32>>()).unwrap();
+    let table: Vec<i32> = (0..vocab * top_k).map(|_| (rng.next_u64() % experts as u64) as i32).collect();
+    let tid2eid = s.upload(&table).unwrap();
+    for tokens in [1u32, 5, 64, 65, 300, 1100] {
+        let shape = MoeShape { tokens, experts, top_k };
+        let xb = s
+            .upload(&rng.vec(tokens as usize * dd).into_iter().map(|v| bf16::from_f32(2.0 * v)).collect::<Vec<_>>())
+            .unwrap();
+        for hash in [false, true] {
+            let mut fused = mops::Routed::new(&s, shape).unwrap();
+            let mut fused_logits = s.zeros::<f32>(tokens as usize * e).unwrap();
+            for bad in [true, false] {
+                let ids: Vec<i32> = (0..tokens)
+                    .map(|t| if bad && t == 0 { vocab as i32 } else { (rng.next_u64() % vocab as u64) as i32 })
+                    .collect();
+                let idb = s.upload(&ids).unwrap();
+                let by = if hash {
+                    RouteBy::Hash { tid2eid: &tid2eid, token_ids: &idb, vocab }
+                } else {
+                    RouteBy::Score { bias: Some(&bias) }
+                };
+                let mut logits = s.zeros::<f32>(tokens as usize * e).unwrap();
+                mops::router_logits(&s, &xb, &gate, &mut logits, tokens, experts, d).unwrap();
+                let mut want = mops::Routed::new(&s, shape).unwrap();
+                mops::route(&s, &logits, &by, 2.5, shape, &mut want).unwrap();
+                mops::router(&s, &xb, &gate, &mut fused_logits, d, &by, 2.5, shape, &mut fused).unwrap();
+                let tag = format!("tokens={tokens} hash={hash} bad_token={bad}");
+                let bits =
+                    |b: &DeviceBuffer<f32>| s.download(b).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused_logits), bits(&logits), "{tag}: logits differ");
+                assert_eq!(s.download(&fused.ids).unwrap(), s.download(&want.ids).unwrap(), "{tag}: experts differ");
+                assert_eq!(bits(&fused.weights), bits(&want.weights), "{tag}: weights differ");
+                let flag = fused.unrouted(&s).unwrap();
+                assert_eq!(flag, want.unrouted(&s).unwrap(), "{tag}: unrouted flag differs");
+                assert_eq!(flag, hash && bad, "{tag}: unrouted flag");
+            }
+        }
+        println!("router op tokens={tokens}: the bits of router_logits + route (score and hash routing)");
+    }
+}
+
 /// The single-block dispatch of decode batches gives the same bits as the count, plan and place
 /// launches: every output buffer, for random routings with unrouted pairs (-1), empty experts and
 /// experts with many pairs, up to the 1024-pair limit.

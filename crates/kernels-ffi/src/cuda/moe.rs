@@ -27,6 +27,46 @@ pub(crate) fn router_logits(
     experts: u32,
     d: u32,
 ) -> Result<()> {
+    let Some(split) = router_gemm(stream, x, gate, logits, tokens, experts, d, None)? else { return Ok(()) };
+    let be = backend(stream);
+    let s = stream.cuda_stream("router_logits", "x")?;
+    let r = be.function("moe", "di_moe_router_logits_reduce")?;
+    let n = tokens * experts; // fits: router_gemm checked
+                              // SAFETY: matches di_moe_router_logits_reduce (partial, logits, n, slices, fold); partial holds
+                              // slices * n floats and logits n (checked by the op).
+    unsafe {
+        s.launch_builder(&r)
+            .arg(&split.partial)
+            .arg(logits.cuda_mut())
+            .arg(&n)
+            .arg(&split.slices)
+            .arg(&split.fold)
+            .launch(cfg((n.div_ceil(256), 1, 1), 256))
+    }?;
+    Ok(())
+}
+
+/// The router GEMM's k-split results that still need their fold into the logits (`router_fold`
+/// in moe.cu): `slices` [tokens, experts] slices, `fold` of them a group.
+pub(crate) struct RouterSplit {
+    partial: cudarc::driver::CudaSlice<f32>,
+    slices: u32,
+    fold: u32,
+}
+
+/// The router GEMM: the logits themselves when one block spans d, else its k splits (returned for a
+/// fold). `status`, when given, is reset to 0 by the launch.
+#[allow(clippy::too_many_arguments)]
+fn router_gemm(
+    stream: &Stream,
+    x: &DeviceBuffer<bf16>,
+    gate: &DeviceBuffer<bf16>,
+    logits: &mut DeviceBuffer<f32>,
+    tokens: u32,
+    experts: u32,
+    d: u32,
+    status: Option<&mut DeviceBuffer<i32>>,
+) -> Result<Option<RouterSplit>> {
     let be = backend(stream);
     let s = stream.cuda_stream("router_logits", "x")?;
     let (kernel, threads, tile) = router_logits_tile(tokens);
@@ -35,10 +75,9 @@ pub(crate) fn router_logits(
     let group = router_group(experts.div_ceil(tile) * tokens.div_ceil(64), d, be.sm_count());
     let splits = d.div_ceil(ROUTER_SUB * group);
     let n = tokens as u64 * experts as u64;
-    let n32 = u32::try_from(n)
-        .map_err(|_| crate::FfiError::shape("router_logits", "tokens", "tokens x experts exceeds u32"))?;
+    u32::try_from(n).map_err(|_| crate::FfiError::shape("router_logits", "tokens", "tokens x experts exceeds u32"))?;
     // SAFETY: uninitialised; with several splits every block writes its split's [tokens, experts]
-    // slice in full before the reduce, later on the stream, reads it.
+    // slice in full before the fold, later on the stream, reads it.
     let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * n) as usize) }?) } else { None };
     let c = LaunchConfig {
         grid_dim: (experts.div_ceil(tile), tokens.div_ceil(64), splits),
@@ -52,26 +91,16 @@ pub(crate) fn router_logits(
         None => b.arg(logits.cuda_mut()),
     };
     b.arg(&tokens).arg(&experts).arg(&d).arg(&group);
-    // SAFETY: matches di_moe_router_logits_{s,l} (x, gate, partial, tokens, experts, d, group); the op checked
-    // x [tokens, d], gate [experts, d], logits [tokens, experts] and d % 8 == 0; partial holds splits
-    // x tokens x experts (or is logits with one split); the kernel bounds-checks tokens, experts and k.
+    match status {
+        Some(st) => b.arg(st.cuda_mut()),
+        None => b.arg(&NULL),
+    };
+    // SAFETY: matches di_moe_router_logits_{s,l} (x, gate, partial, tokens, experts, d, group,
+    // status); the op checked x [tokens, d], gate [experts, d], logits [tokens, experts], status
+    // [1] and d % 8 == 0; partial holds splits x tokens x experts (or is logits with one split); the
+    // kernel bounds-checks tokens, experts and k.
     unsafe { b.launch(c) }?;
-    if let Some(p) = partial {
-        let r = be.function("moe", "di_moe_router_logits_reduce")?;
-        let fold = ROUTER_GROUP / group;
-        // SAFETY: matches di_moe_router_logits_reduce (partial, logits, n, slices, fold); partial
-        // holds splits * n floats and logits n (checked by the op).
-        unsafe {
-            s.launch_builder(&r)
-                .arg(&p)
-                .arg(logits.cuda_mut())
-                .arg(&n32)
-                .arg(&splits)
-                .arg(&fold)
-                .launch(cfg((n32.div_ceil(256), 1, 1), 256))
-        }?;
-    }
-    Ok(())
+    Ok(partial.map(|partial| RouterSplit { partial, slices: splits, fold: ROUTER_GROUP / group }))
 }
 
 /// k per sub-split of the router GEMM (`RL_SUB` in moe.cu) and sub-splits per group of its fixed
@@ -119,12 +148,53 @@ pub(crate) fn route(
     if shape.tokens == 0 {
         return Ok(());
     }
+    route_launch(stream, logits.cuda(), None, by, scaling, shape, out)
+}
+
+/// The router GEMM and the routing as two launches: the GEMM resets `out.status`, and the routing
+/// folds the GEMM's k splits into the logits (writing them) before it scores them. The op checked
+/// every buffer as `router_logits` and `route` do.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn router(
+    stream: &Stream,
+    x: &DeviceBuffer<bf16>,
+    gate: &DeviceBuffer<bf16>,
+    logits: &mut DeviceBuffer<f32>,
+    d: u32,
+    by: &RouteBy<'_>,
+    scaling: f32,
+    shape: MoeShape,
+    out: &mut Routed,
+) -> Result<()> {
+    if shape.tokens == 0 {
+        return Ok(());
+    }
+    let split = router_gemm(stream, x, gate, logits, shape.tokens, shape.experts, d, Some(&mut out.status))?;
+    route_launch(stream, logits.cuda_mut(), split.as_ref(), by, scaling, shape, out)
+}
+
+/// `di_moe_route` over `logits` (as they are, or first folded from `split` into them).
+fn route_launch(
+    stream: &Stream,
+    logits: &cudarc::driver::CudaSlice<f32>,
+    split: Option<&RouterSplit>,
+    by: &RouteBy<'_>,
+    scaling: f32,
+    shape: MoeShape,
+    out: &mut Routed,
+) -> Result<()> {
     let f = backend(stream).function("moe", "di_moe_route")?;
     let s = stream.cuda_stream("route", "logits")?;
     let c = cfg((shape.tokens.div_ceil(8), 1, 1), 256);
     let Routed { ids, weights, status } = out;
     let mut b = s.launch_builder(&f);
-    b.arg(logits.cuda());
+    b.arg(logits);
+    let (slices, fold) = split.map_or((0, 1), |sp| (sp.slices, sp.fold));
+    match split {
+        Some(sp) => b.arg(&sp.partial),
+        None => b.arg(&NULL),
+    };
+    b.arg(&slices).arg(&fold);
     let vocab = match by {
         RouteBy::Score { bias } => {
             match bias {
@@ -147,8 +217,10 @@ pub(crate) fn route(
         .arg(&shape.top_k)
         .arg(&vocab)
         .arg(&scaling);
-    // SAFETY: matches di_moe_route (logits, bias, tid2eid, token_ids, ids, weights, status,
-    // tokens, experts, top_k, vocab, scaling); the op checked experts <= 512, top_k <= 16 and every
+    // SAFETY: matches di_moe_route (logits, partial, slices, fold, bias, tid2eid, token_ids, ids,
+    // weights, status, tokens, experts, top_k, vocab, scaling); the kernel writes logits only with a
+    // split (then from a mutable buffer), whose partial holds slices x tokens x experts floats; the
+    // op checked experts <= 512, top_k <= 16 and every
     // length (tid2eid [vocab, top_k], token_ids [tokens]); eight tokens a block (32 KB of static
     // shared memory), a warp each, bounds-checked.
     unsafe { b.launch(c) }?;
