@@ -183,32 +183,22 @@ extern "C" __global__ void di_moe_router_logits_reduce(const float* __restrict__
     logits[i] = router_fold(partial, n, i, slices, fold);
 }
 
-// One warp per token, eight tokens a block. Scores s = sqrt(softplus(z)). Score routing (tid2eid
-// null): the top_k of s + bias (bias may be null: zero), largest first, ties to the lower expert,
-// NaN below everything. Hash routing: the experts of row token_ids[t] of tid2eid [vocab, top_k].
-// Weights: the chosen unbiased scores over their sum (+1e-20, summed in choice order) times
-// `scaling`. An out-of-range token id or table entry gives expert -1 and weight 0 for that slot and
-// sets *status to 1. experts <= 32 * ROUTE_MAX_PER_LANE, top_k <= 32.
-// The scores of the block's tokens are computed by all its threads into shared memory first (a
-// warp computing its token's 256 scores itself, one after another, took 11 us for one token on the
-// H200; ncu). With `partial` (not null) the logits are first folded from the router GEMM's
-// `slices` results (router_fold, as di_moe_router_logits_reduce) and written to `logits`.
-extern "C" __global__ void __launch_bounds__(256) di_moe_route(float* __restrict__ logits,
-                                                               const float* __restrict__ partial, uint32_t slices,
-                                                               uint32_t fold,
-                                                               const float* __restrict__ bias,
-                                                               const int32_t* __restrict__ tid2eid,
-                                                               const int32_t* __restrict__ token_ids,
-                                                               int32_t* __restrict__ topk_ids, float* __restrict__ topk_w,
-                                                               int32_t* __restrict__ status, uint32_t tokens,
-                                                               uint32_t experts, uint32_t top_k, uint32_t vocab,
-                                                               float scaling) {
-    constexpr uint32_t TOKENS_PER_BLOCK = 8;
-    __shared__ float s_score[TOKENS_PER_BLOCK][32 * ROUTE_MAX_PER_LANE];
-    __shared__ float s_key[TOKENS_PER_BLOCK][32 * ROUTE_MAX_PER_LANE];
+namespace {
+
+// di_moe_route's work for the tokens t0 .. t0 + TPB - 1 of a block of TPB warps (a warp each):
+// s_score and s_key hold TPB x experts floats of shared memory; with s_ids (not null) the block's
+// chosen experts also go to s_ids[(t - t0) * top_k + slot].
+template <uint32_t TPB>
+__device__ __forceinline__ void route_body(float* __restrict__ logits, const float* __restrict__ partial,
+                                           uint32_t slices, uint32_t fold, const float* __restrict__ bias,
+                                           const int32_t* __restrict__ tid2eid, const int32_t* __restrict__ token_ids,
+                                           int32_t* __restrict__ topk_ids, float* __restrict__ topk_w,
+                                           int32_t* __restrict__ status, uint32_t tokens, uint32_t experts,
+                                           uint32_t top_k, uint32_t vocab, float scaling, uint32_t t0, float* s_score,
+                                           float* s_key, int32_t* s_ids) {
     const int lane = threadIdx.x & 31;
-    const uint32_t warp = threadIdx.x >> 5, t0 = blockIdx.x * TOKENS_PER_BLOCK;
-    const uint32_t here = min(TOKENS_PER_BLOCK, tokens - t0);
+    const uint32_t warp = threadIdx.x >> 5;
+    const uint32_t here = min(TPB, tokens - t0);
     for (uint32_t q = threadIdx.x; q < here * experts; q += blockDim.x) {
         const uint32_t tt = q / experts, e = q % experts;
         const size_t at = static_cast<size_t>(t0 + tt) * experts + e;
@@ -221,18 +211,18 @@ extern "C" __global__ void __launch_bounds__(256) di_moe_route(float* __restrict
         }
         const float sc = sqrt_softplus(z);
         const float kv = sc + (bias ? bias[e] : 0.f);
-        s_score[tt][e] = sc;
-        s_key[tt][e] = isnan(kv) ? -INFINITY : kv;
+        s_score[tt * experts + e] = sc;
+        s_key[tt * experts + e] = isnan(kv) ? -INFINITY : kv;
     }
     __syncthreads();
     const uint32_t t = t0 + warp;
     if (t >= tokens) return;
-    const float* score = s_score[warp];
+    const float* score = s_score + warp * experts;
     float key[ROUTE_MAX_PER_LANE];
     #pragma unroll
     for (int j = 0; j < ROUTE_MAX_PER_LANE; ++j) {
         const uint32_t e = lane + 32 * j;
-        key[j] = e < experts ? s_key[warp][e] : -INFINITY;
+        key[j] = e < experts ? s_key[warp * experts + e] : -INFINITY;
     }
     // The chosen experts (lane i < top_k holds choice i) and their scores.
     int32_t mine = -1;
@@ -284,7 +274,35 @@ extern "C" __global__ void __launch_bounds__(256) di_moe_route(float* __restrict
         topk_ids[static_cast<size_t>(t) * top_k + lane] = mine;
         topk_w[static_cast<size_t>(t) * top_k + lane] = mine >= 0 ? mine_score / (sum + 1e-20f) * scaling : 0.f;
         if (mine < 0) atomicExch(status, 1);
+        if (s_ids) s_ids[warp * top_k + lane] = mine;
     }
+}
+
+}  // namespace
+
+// One warp per token, eight tokens a block. Scores s = sqrt(softplus(z)). Score routing (tid2eid
+// null): the top_k of s + bias (bias may be null: zero), largest first, ties to the lower expert,
+// NaN below everything. Hash routing: the experts of row token_ids[t] of tid2eid [vocab, top_k].
+// Weights: the chosen unbiased scores over their sum (+1e-20, summed in choice order) times
+// `scaling`. An out-of-range token id or table entry gives expert -1 and weight 0 for that slot and
+// sets *status to 1. experts <= 32 * ROUTE_MAX_PER_LANE, top_k <= 32.
+// The scores of the block's tokens are computed by all its threads into shared memory first (a
+// warp computing its token's 256 scores itself, one after another, took 11 us for one token on the
+// H200; ncu). With `partial` (not null) the logits are first folded from the router GEMM's
+// `slices` results (router_fold, as di_moe_router_logits_reduce) and written to `logits`.
+extern "C" __global__ void __launch_bounds__(256) di_moe_route(float* __restrict__ logits,
+                                                               const float* __restrict__ partial, uint32_t slices,
+                                                               uint32_t fold,
+                                                               const float* __restrict__ bias,
+                                                               const int32_t* __restrict__ tid2eid,
+                                                               const int32_t* __restrict__ token_ids,
+                                                               int32_t* __restrict__ topk_ids, float* __restrict__ topk_w,
+                                                               int32_t* __restrict__ status, uint32_t tokens,
+                                                               uint32_t experts, uint32_t top_k, uint32_t vocab,
+                                                               float scaling) {
+    __shared__ float s_score[8 * 32 * ROUTE_MAX_PER_LANE], s_key[8 * 32 * ROUTE_MAX_PER_LANE];
+    route_body<8>(logits, partial, slices, fold, bias, tid2eid, token_ids, topk_ids, topk_w, status, tokens, experts,
+                  top_k, vocab, scaling, blockIdx.x * 8, s_score, s_key, nullptr);
 }
 
 // counts[e] = number of pairs routed to expert e (block e; __syncthreads_count, no atomics).
@@ -351,10 +369,13 @@ extern "C" __global__ void __launch_bounds__(1024) di_moe_plan(const int32_t* __
 // one block of 1024 threads, for pairs <= 1024 and experts <= 1024 (decode batches): counts by
 // shared-memory atomics, the plan, then thread p places pair p at its expert's first row plus the
 // number of earlier pairs routed to the same expert (pair order within an expert).
-extern "C" __global__ void __launch_bounds__(1024) di_moe_dispatch_small(
-    const int32_t* __restrict__ ids, uint32_t pairs, uint32_t experts, uint32_t tile, int32_t* __restrict__ counts,
-    int32_t* __restrict__ offsets, int4* __restrict__ chunks, int32_t* __restrict__ num_chunks, uint32_t chunk_cap,
-    int32_t* __restrict__ row_pair, int32_t* __restrict__ pair_row) {
+// (di_moe_dispatch_small's body, also run by di_moe_route_dispatch_small over the ids its warps
+// chose, in shared memory: `ids` may point at either.)
+__device__ __forceinline__ void dispatch_small_body(const int32_t* ids, uint32_t pairs, uint32_t experts,
+                                                    uint32_t tile, int32_t* __restrict__ counts,
+                                                    int32_t* __restrict__ offsets, int4* __restrict__ chunks,
+                                                    int32_t* __restrict__ num_chunks, uint32_t chunk_cap,
+                                                    int32_t* __restrict__ row_pair, int32_t* __restrict__ pair_row) {
     __shared__ int32_t sid[1024], cnt_s[1024], rows[1024], nch[1024];
     const uint32_t t = threadIdx.x;
     cnt_s[t] = 0;
@@ -379,6 +400,36 @@ extern "C" __global__ void __launch_bounds__(1024) di_moe_dispatch_small(
     // Rows past the routed ones point at pair 0 (later kernels read valid indices).
     const int32_t routed = experts > 0 ? rows[experts - 1] : 0;
     if (static_cast<int32_t>(t) >= routed && t < pairs) row_pair[t] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) di_moe_dispatch_small(
+    const int32_t* __restrict__ ids, uint32_t pairs, uint32_t experts, uint32_t tile, int32_t* __restrict__ counts,
+    int32_t* __restrict__ offsets, int4* __restrict__ chunks, int32_t* __restrict__ num_chunks, uint32_t chunk_cap,
+    int32_t* __restrict__ row_pair, int32_t* __restrict__ pair_row) {
+    dispatch_small_body(ids, pairs, experts, tile, counts, offsets, chunks, num_chunks, chunk_cap, row_pair, pair_row);
+}
+
+// Routing and the whole dispatch of a decode batch in one block of 1024 threads (tokens <= 32, so
+// pairs <= 1024 with top_k <= 32; experts <= 32 * ROUTE_MAX_PER_LANE): di_moe_route's work by the
+// 32 warps (one token each), then di_moe_dispatch_small's over the experts the warps chose, which
+// they also left in shared memory: the outputs of both launches, bit for bit, in one. Dynamic
+// shared memory: 2 x 32 x experts floats (scores, keys) and 32 x top_k ints (the choices).
+extern "C" __global__ void __launch_bounds__(1024) di_moe_route_dispatch_small(
+    float* __restrict__ logits, const float* __restrict__ partial, uint32_t slices, uint32_t fold,
+    const float* __restrict__ bias, const int32_t* __restrict__ tid2eid, const int32_t* __restrict__ token_ids,
+    int32_t* __restrict__ topk_ids, float* __restrict__ topk_w, int32_t* __restrict__ status, uint32_t tokens,
+    uint32_t experts, uint32_t top_k, uint32_t vocab, float scaling, uint32_t tile, int32_t* __restrict__ counts,
+    int32_t* __restrict__ offsets, int4* __restrict__ chunks, int32_t* __restrict__ num_chunks, uint32_t chunk_cap,
+    int32_t* __restrict__ row_pair, int32_t* __restrict__ pair_row) {
+    extern __shared__ float rds_smem[];
+    float* s_score = rds_smem;
+    float* s_key = s_score + 32 * experts;
+    int32_t* s_ids = reinterpret_cast<int32_t*>(s_key + 32 * experts);
+    route_body<32>(logits, partial, slices, fold, bias, tid2eid, token_ids, topk_ids, topk_w, status, tokens, experts,
+                   top_k, vocab, scaling, 0, s_score, s_key, s_ids);
+    __syncthreads();  // every warp's choices are in s_ids
+    dispatch_small_body(s_ids, tokens * top_k, experts, tile, counts, offsets, chunks, num_chunks, chunk_cap, row_pair,
+                        pair_row);
 }
 
 // Block e writes expert e's rows: row_pair[offsets[e] + j] = the j-th pair (in pair order) routed

@@ -133,6 +133,39 @@ pub fn router(
     unreachable!("without the CUDA backend every stream is a CPU stream")
 }
 
+/// [`router`] then [`dispatch`] into `d` (the same bits): on CUDA, for decode batches of up to 32
+/// tokens (with the single-block dispatch switched on, [`crate::ops::set_moe_dispatch_small`]),
+/// the routing and the whole dispatch are one launch after the router GEMM.
+#[allow(clippy::too_many_arguments)]
+pub fn router_dispatch(
+    stream: &Stream,
+    x: &DeviceBuffer<bf16>,
+    gate: &DeviceBuffer<bf16>,
+    logits: &mut DeviceBuffer<f32>,
+    dim: u32,
+    by: &RouteBy<'_>,
+    scaling: f32,
+    out: &mut Routed,
+    d: &mut MoeDispatch,
+) -> Result<()> {
+    const OP: &str = "router_dispatch";
+    let shape = d.shape;
+    check_router_logits(OP, stream, x, gate, logits, shape.tokens, shape.experts, dim)?;
+    check_route(OP, stream, logits, by, scaling, shape, out)?;
+    stream.check_on(OP, "dispatch", &d.row_pair)?;
+    if shape.tokens == 0 {
+        return stream.fill_zero(&mut out.status);
+    }
+    if on_cpu(stream) {
+        router(stream, x, gate, logits, dim, by, scaling, shape, out)?;
+        return dispatch(stream, &out.ids, d);
+    }
+    #[cfg(feature = "cuda")]
+    return crate::cuda::moe::router_dispatch(stream, x, gate, logits, dim, by, scaling, shape, out, d);
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("without the CUDA backend every stream is a CPU stream")
+}
+
 /// How [`route`] picks a token's experts.
 pub enum RouteBy<'a> {
     /// Top-k of `sqrt(softplus(z)) + bias` (bias [experts]; `None`: zero).

@@ -184,15 +184,15 @@ fn case(
         set_moe_dispatch_small(true);
         stages.insert(name.into(), t.into());
     }
-    // The router op as the layer runs it (the GEMM, then the routing folding its k splits), and the
-    // dispatch: the stages above but router_logits' fold launch and route's status reset.
+    // The router and dispatch as the layer runs them (`router_dispatch`: the GEMM, then the routing
+    // folding its k splits, with the dispatch in the same launch up to 32 tokens): the stages above
+    // less router_logits' fold launch, route's status reset and (decode) the dispatch's launch.
     stages.insert(
         "router_and_dispatch".into(),
         stage(&mut || {
             let by = RouteBy::Score { bias: w.bias.as_ref() };
-            mops::router(s, x, &w.gate, &mut ws.logits, d as u32, &by, w.scaling, ws.dispatch.shape, &mut ws.routed)
-                .unwrap();
-            mops::dispatch(s, &ws.routed.ids, &mut ws.dispatch).unwrap();
+            let (logits, routed, dsp) = (&mut ws.logits, &mut ws.routed, &mut ws.dispatch);
+            mops::router_dispatch(s, x, &w.gate, logits, d as u32, &by, w.scaling, routed, dsp).unwrap();
         })
         .into(),
     );

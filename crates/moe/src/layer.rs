@@ -254,8 +254,7 @@ fn routed_experts(
         (Some(h), Some(ids)) => RouteBy::Hash { tid2eid: &h.tid2eid, token_ids: ids, vocab: h.vocab },
         _ => RouteBy::Score { bias: w.bias.as_ref() },
     };
-    ops::router(stream, x, &w.gate, &mut ws.logits, d, &by, w.scaling, shape, &mut ws.routed)?;
-    ops::dispatch(stream, &ws.routed.ids, &mut ws.dispatch)?;
+    ops::router_dispatch(stream, x, &w.gate, &mut ws.logits, d, &by, w.scaling, &mut ws.routed, &mut ws.dispatch)?;
     let r = &w.routed;
     let pairs = shape.pairs() as u32;
     let xin = GroupedInput::Tokens(x);

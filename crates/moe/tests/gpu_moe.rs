@@ -285,8 +285,10 @@ fn gpu_router_logits_are_batch_invariant() {
 /// The router op (the GEMM resetting the status, then the routing folding the GEMM's k splits
 /// itself) gives the bits of `router_logits` then `route`: logits, experts, weights and the
 /// unrouted flag, for score routing with a bias and hash routing with an out-of-range token id,
-/// at batches that take either router GEMM kernel with or without splits. Each case runs twice on
-/// the same `Routed` (first with the bad token, then without), so a status left set shows.
+/// at batches that take either router GEMM kernel with or without splits. `router_dispatch` (the
+/// routing and the dispatch as one launch up to 32 tokens) gives those and every buffer of
+/// `dispatch`. Each case runs twice on the same `Routed` (first with the bad token, then
+/// without), so a status left set shows.
 #[test]
 fn gpu_router_op_matches_logits_then_route() {
     let Some(dev) = cuda_device_or_skip("gpu_router_op_matches_logits_then_route") else {
@@ -302,7 +304,7 @@ fn gpu_router_op_matches_logits_then_route() {
     let bias = s.upload(&rng.vec(e).into_iter().map(|v| 0.1 * v).collect::<Vec<f32>>()).unwrap();
     let table: Vec<i32> = (0..vocab * top_k).map(|_| (rng.next_u64() % experts as u64) as i32).collect();
     let tid2eid = s.upload(&table).unwrap();
-    for tokens in [1u32, 5, 64, 65, 300, 1100] {
+    for tokens in [1u32, 5, 32, 33, 64, 65, 300, 1100] {
         let shape = MoeShape { tokens, experts, top_k };
         let xb = s
             .upload(&rng.vec(tokens as usize * dd).into_iter().map(|v| bf16::from_f32(2.0 * v)).collect::<Vec<_>>())
@@ -324,19 +326,53 @@ fn gpu_router_op_matches_logits_then_route() {
                 mops::router_logits(&s, &xb, &gate, &mut logits, tokens, experts, d).unwrap();
                 let mut want = mops::Routed::new(&s, shape).unwrap();
                 mops::route(&s, &logits, &by, 2.5, shape, &mut want).unwrap();
-                mops::router(&s, &xb, &gate, &mut fused_logits, d, &by, 2.5, shape, &mut fused).unwrap();
-                let tag = format!("tokens={tokens} hash={hash} bad_token={bad}");
+                let mut want_d = mops::MoeDispatch::new(&s, shape).unwrap();
+                mops::dispatch(&s, &want.ids, &mut want_d).unwrap();
                 let bits =
                     |b: &DeviceBuffer<f32>| s.download(b).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fused_logits), bits(&logits), "{tag}: logits differ");
-                assert_eq!(s.download(&fused.ids).unwrap(), s.download(&want.ids).unwrap(), "{tag}: experts differ");
-                assert_eq!(bits(&fused.weights), bits(&want.weights), "{tag}: weights differ");
-                let flag = fused.unrouted(&s).unwrap();
-                assert_eq!(flag, want.unrouted(&s).unwrap(), "{tag}: unrouted flag differs");
-                assert_eq!(flag, hash && bad, "{tag}: unrouted flag");
+                // The router op, then the router op with the dispatch (one launch up to 32 tokens).
+                for with_dispatch in [false, true] {
+                    let tag = format!("tokens={tokens} hash={hash} bad_token={bad} with_dispatch={with_dispatch}");
+                    if with_dispatch {
+                        let mut got_d = mops::MoeDispatch::new(&s, shape).unwrap();
+                        mops::router_dispatch(&s, &xb, &gate, &mut fused_logits, d, &by, 2.5, &mut fused, &mut got_d)
+                            .unwrap();
+                        let nch = s.download(&want_d.num_chunks).unwrap()[0] as usize;
+                        for (name, a, b) in [
+                            ("counts", &want_d.counts, &got_d.counts),
+                            ("offsets", &want_d.offsets, &got_d.offsets),
+                            ("num_chunks", &want_d.num_chunks, &got_d.num_chunks),
+                            ("row_pair", &want_d.row_pair, &got_d.row_pair),
+                            ("pair_row", &want_d.pair_row, &got_d.pair_row),
+                        ] {
+                            assert_eq!(
+                                s.download(b).unwrap(),
+                                s.download(a).unwrap(),
+                                "{tag}: dispatch {name} differs"
+                            );
+                        }
+                        assert_eq!(
+                            s.download_range(&got_d.chunks, 0, 4 * nch).unwrap(),
+                            s.download_range(&want_d.chunks, 0, 4 * nch).unwrap(),
+                            "{tag}: dispatch chunks differ"
+                        );
+                    } else {
+                        mops::router(&s, &xb, &gate, &mut fused_logits, d, &by, 2.5, shape, &mut fused).unwrap();
+                    }
+                    assert_eq!(bits(&fused_logits), bits(&logits), "{tag}: logits differ");
+                    assert_eq!(
+                        s.download(&fused.ids).unwrap(),
+                        s.download(&want.ids).unwrap(),
+                        "{tag}: experts differ"
+                    );
+                    assert_eq!(bits(&fused.weights), bits(&want.weights), "{tag}: weights differ");
+                    let flag = fused.unrouted(&s).unwrap();
+                    assert_eq!(flag, want.unrouted(&s).unwrap(), "{tag}: unrouted flag differs");
+                    assert_eq!(flag, hash && bad, "{tag}: unrouted flag");
+                }
             }
         }
-        println!("router op tokens={tokens}: the bits of router_logits + route (score and hash routing)");
+        println!("router op tokens={tokens}: the bits of router_logits + route (+ dispatch), score and hash routing");
     }
 }
 

@@ -173,6 +173,131 @@ pub(crate) fn router(
     route_launch(stream, logits.cuda_mut(), split.as_ref(), by, scaling, shape, out)
 }
 
+/// `router` followed by `dispatch` into `d`: for decode batches of up to 32 tokens (with the
+/// single-block dispatch switched on) the routing and the dispatch are one launch,
+/// `di_moe_route_dispatch_small`, after the router GEMM; otherwise the two ops. The op checked every
+/// buffer as `router` and `dispatch` do.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn router_dispatch(
+    stream: &Stream,
+    x: &DeviceBuffer<bf16>,
+    gate: &DeviceBuffer<bf16>,
+    logits: &mut DeviceBuffer<f32>,
+    dim: u32,
+    by: &RouteBy<'_>,
+    scaling: f32,
+    shape: MoeShape,
+    out: &mut Routed,
+    d: &mut MoeDispatch,
+) -> Result<()> {
+    if shape.tokens == 0 {
+        return Ok(());
+    }
+    let (e, pairs) = (shape.experts, shape.pairs() as u32);
+    let one_block = crate::ops::moe_dispatch_small()
+        && shape.tokens <= ROUTE_DISPATCH_MAX_TOKENS
+        && pairs as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS
+        && e as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS;
+    if !one_block {
+        router(stream, x, gate, logits, dim, by, scaling, shape, out)?;
+        return dispatch(stream, &out.ids, d);
+    }
+    let split = router_gemm(stream, x, gate, logits, shape.tokens, e, dim, Some(&mut out.status))?;
+    use cudarc::driver::{sys, DevicePtr, DevicePtrMut};
+    let be = backend(stream);
+    let smem = (2 * ROUTE_DISPATCH_MAX_TOKENS * e + ROUTE_DISPATCH_MAX_TOKENS * shape.top_k) * 4;
+    let f = be.function_with_smem("moe", "di_moe_route_dispatch_small", smem)?;
+    let s = stream.cuda_stream("router_dispatch", "logits")?;
+    let (mut l_ptr, _l) = logits.cuda_mut().device_ptr_mut(s);
+    let (mut p_ptr, _p) = match split.as_ref() {
+        Some(sp) => {
+            let (p, g) = sp.partial.device_ptr(s);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (mut slices, mut fold) = split.as_ref().map_or((0, 1), |sp| (sp.slices, sp.fold));
+    let (mut bias_ptr, _b, mut t2e_ptr, _t, mut tok_ptr, _k, mut vocab) = route_by_ptrs(by, s);
+    let Routed { ids, weights, status } = out;
+    let (mut ids_ptr, _i) = ids.cuda_mut().device_ptr_mut(s);
+    let (mut w_ptr, _w) = weights.cuda_mut().device_ptr_mut(s);
+    let (mut st_ptr, _s) = status.cuda_mut().device_ptr_mut(s);
+    let (mut counts, _c) = d.counts.cuda_mut().device_ptr_mut(s);
+    let (mut offsets, _o) = d.offsets.cuda_mut().device_ptr_mut(s);
+    let (mut chunks, _h) = d.chunks.cuda_mut().device_ptr_mut(s);
+    let (mut num_chunks, _n) = d.num_chunks.cuda_mut().device_ptr_mut(s);
+    let (mut row_pair, _r) = d.row_pair.cuda_mut().device_ptr_mut(s);
+    let (mut pair_row, _q) = d.pair_row.cuda_mut().device_ptr_mut(s);
+    let (mut tokens, mut experts, mut top_k, mut scaling) = (shape.tokens, e, shape.top_k, scaling);
+    let (mut tile, mut cap) = (d.tile, MoeDispatch::capacity(d.shape, d.tile));
+    let mut args: [*mut std::ffi::c_void; 23] = [
+        (&mut l_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut p_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut slices as *mut u32).cast(),
+        (&mut fold as *mut u32).cast(),
+        (&mut bias_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut t2e_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut tok_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut ids_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut w_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut st_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut tokens as *mut u32).cast(),
+        (&mut experts as *mut u32).cast(),
+        (&mut top_k as *mut u32).cast(),
+        (&mut vocab as *mut u32).cast(),
+        (&mut scaling as *mut f32).cast(),
+        (&mut tile as *mut u32).cast(),
+        (&mut counts as *mut sys::CUdeviceptr).cast(),
+        (&mut offsets as *mut sys::CUdeviceptr).cast(),
+        (&mut chunks as *mut sys::CUdeviceptr).cast(),
+        (&mut num_chunks as *mut sys::CUdeviceptr).cast(),
+        (&mut cap as *mut u32).cast(),
+        (&mut row_pair as *mut sys::CUdeviceptr).cast(),
+        (&mut pair_row as *mut sys::CUdeviceptr).cast(),
+    ];
+    let c = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: smem };
+    // SAFETY: matches di_moe_route_dispatch_small (di_moe_route's parameters, then tile, counts,
+    // offsets, chunks, num_chunks, chunk_cap, row_pair, pair_row) in order and types; one block of
+    // 1024 threads with the dynamic shared memory it takes (2 x 32 x experts floats, 32 x top_k
+    // ints); tokens <= 32, pairs and experts <= 1024 (checked above), experts <= 512 and top_k <=
+    // 16 (checked by the op); the buffers hold what `route` and `dispatch` need (checked by the
+    // op), partial slices x tokens x experts floats; null pointers pass as 0; plain launch.
+    unsafe { be.launch_ex(s, &f, c, false, &mut args) }
+}
+
+/// Tokens `di_moe_route_dispatch_small` routes (a warp each in its block of 1024 threads).
+const ROUTE_DISPATCH_MAX_TOKENS: u32 = 32;
+
+/// The device pointers of a routing's inputs: bias, tid2eid and token_ids (0 where absent, with
+/// their guards), and the hash table's vocabulary (0 for score routing).
+#[allow(clippy::type_complexity)]
+fn route_by_ptrs<'a>(
+    by: &'a RouteBy<'_>,
+    s: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+) -> (
+    u64,
+    Option<cudarc::driver::SyncOnDrop<'a>>,
+    u64,
+    Option<cudarc::driver::SyncOnDrop<'a>>,
+    u64,
+    Option<cudarc::driver::SyncOnDrop<'a>>,
+    u32,
+) {
+    use cudarc::driver::DevicePtr;
+    match by {
+        RouteBy::Score { bias: Some(b) } => {
+            let (p, g) = b.cuda().device_ptr(s);
+            (p, Some(g), 0, None, 0, None, 0)
+        }
+        RouteBy::Score { bias: None } => (0, None, 0, None, 0, None, 0),
+        RouteBy::Hash { tid2eid, token_ids, vocab } => {
+            let (a, ga) = tid2eid.cuda().device_ptr(s);
+            let (b, gb) = token_ids.cuda().device_ptr(s);
+            (0, None, a, Some(ga), b, Some(gb), *vocab)
+        }
+    }
+}
+
 /// `di_moe_route` over `logits` (as they are, or first folded from `split` into them).
 fn route_launch(
     stream: &Stream,
