@@ -754,10 +754,10 @@ template <int N>
 __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bfloat16* __restrict__ x,
                                             const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                             float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,
-                                            uint32_t n, uint32_t k, uint32_t stages, uint32_t per) {
+                                            uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ uint32_t last_split;
-    pdl_launch_dependents();
+    pdl_trigger(pdl);
     const uint32_t nk = k / 128, j0 = blockIdx.y * per, cnt = min(per, nk - j0);
     const uint32_t rb = blockIdx.x;  // this block's 128-row block of W
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -893,7 +893,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 #endif
 
 #if DI_SM90
-#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per)
+#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl)
 #else
 #define DI_DEC_BODY(N) __trap()
 #endif
@@ -902,12 +902,13 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 // k / 128] ue8m0; y [m, n]. m <= N, k % 128 == 0, n % 16 == 0. Grid (ceil(n / 128), splits): a block
 // per 128 rows of W and `per` k blocks (splits = ceil(k / 128 / per)); `stages` W tiles in flight
 // (the launcher sizes shared memory). With splits > 1: part [splits, m, n] fp32 scratch and
-// counters [ceil(n / 128)] zeros (left zero).
+// counters [ceil(n / 128)] zeros (left zero). pdl: launched with programmatic dependent launch
+// (pdl_trigger).
 #define DI_GEMM_FP8_DEC(N)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) di_gemm_fp8_dec_n##N(                                  \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ sw, \
         __nv_bfloat16* __restrict__ y, float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,      \
-        uint32_t n, uint32_t k, uint32_t stages, uint32_t per) {                                                  \
+        uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl) {                                    \
         DI_DEC_BODY(N);                                                                                          \
     }
 
@@ -919,8 +920,8 @@ DI_GEMM_FP8_DEC(16)
 // dependent launch), then xors them into *out. A batch of these over rotating buffers times what
 // merely reading a weight's bytes costs, with or without the launch overlap the decode GEMMs use.
 extern "C" __global__ void __launch_bounds__(512) di_probe_read(const uint4* __restrict__ p, uint64_t n16,
-                                                               uint32_t* __restrict__ out) {
-    pdl_launch_dependents();
+                                                               uint32_t* __restrict__ out, uint32_t pdl) {
+    pdl_trigger(pdl);
     const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
     uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     uint32_t acc = 0;
@@ -1110,9 +1111,9 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
                                              const int32_t* __restrict__ gather, uint32_t gather_div,
                                              const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                              const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
-                                             uint32_t n, uint32_t k) {
+                                             uint32_t n, uint32_t k, uint32_t pdl) {
     extern __shared__ uint8_t f4d_smem_raw[];
-    pdl_launch_dependents();
+    pdl_trigger(pdl);
     const uint32_t tiles = n / 64, kc = k / 128, groups = k / 32, pairs = (kc + 1) / 2;
     uint8_t* base = f4d_smem_raw + ((1024 - (smem_addr(f4d_smem_raw) & 1023)) & 1023);
     uint8_t* xs = base;                                                   // [kc][N x 128 bytes]
@@ -1269,7 +1270,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 }
 
 }  // namespace
-#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k)
+#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k, pdl)
 #else
 #define DI_FP4Q_WG_BODY(N) __trap()
 #endif
@@ -1278,13 +1279,14 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 // swizzle); x bf16 [.., k], row r of the dispatch at gather[r] / gather_div (gather null: row r);
 // sw: W's ue8m0 scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <= N, 0),
 // num_chunks[0] of them. k % 128 == 0, n % 64 == 0; the shared memory of f4d_smem<N>(k). 160
-// threads; MINB blocks an SM (registers).
+// threads; MINB blocks an SM (registers). pdl: launched with programmatic dependent launch
+// (pdl_trigger).
 #define DI_GEMM_FP4Q_WG(N, MINB)                                                                                \
     extern "C" __global__ void __launch_bounds__(160, MINB) di_gemm_fp4q_wg_n##N(                              \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x,                           \
         const int32_t* __restrict__ gather, uint32_t gather_div, const uint8_t* __restrict__ sw,               \
         __nv_bfloat16* __restrict__ y, const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks, \
-        uint32_t n, uint32_t k) {                                                                              \
+        uint32_t n, uint32_t k, uint32_t pdl) {                                                                \
         DI_FP4Q_WG_BODY(N);                                                                                    \
     }
 DI_GEMM_FP4Q_WG(8, 3)

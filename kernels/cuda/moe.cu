@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "lowp.cuh"
+#include "sm90.cuh"
 #include "cpasync.cuh"
 #include "mma.cuh"
 
@@ -413,14 +414,19 @@ extern "C" __global__ void __launch_bounds__(1024) di_moe_dispatch_small(
 // pairs <= 1024 with top_k <= 32; experts <= 32 * ROUTE_MAX_PER_LANE): di_moe_route's work by the
 // 32 warps (one token each), then di_moe_dispatch_small's over the experts the warps chose, which
 // they also left in shared memory: the outputs of both launches, bit for bit, in one. Dynamic
-// shared memory: 2 x 32 x experts floats (scores, keys) and 32 x top_k ints (the choices).
+// shared memory: 2 x 32 x experts floats (scores, keys) and 32 x top_k ints (the choices). `pdl`:
+// launched with programmatic dependent launch (pdl_trigger).
 extern "C" __global__ void __launch_bounds__(1024) di_moe_route_dispatch_small(
     float* __restrict__ logits, const float* __restrict__ partial, uint32_t slices, uint32_t fold,
     const float* __restrict__ bias, const int32_t* __restrict__ tid2eid, const int32_t* __restrict__ token_ids,
     int32_t* __restrict__ topk_ids, float* __restrict__ topk_w, int32_t* __restrict__ status, uint32_t tokens,
     uint32_t experts, uint32_t top_k, uint32_t vocab, float scaling, uint32_t tile, int32_t* __restrict__ counts,
     int32_t* __restrict__ offsets, int4* __restrict__ chunks, int32_t* __restrict__ num_chunks, uint32_t chunk_cap,
-    int32_t* __restrict__ row_pair, int32_t* __restrict__ pair_row) {
+    int32_t* __restrict__ row_pair, int32_t* __restrict__ pair_row, uint32_t pdl) {
+    // With programmatic dependent launch (after the router GEMM): nothing is touched before the
+    // GEMM has completed, and the grouped GEMM after this may launch at once.
+    pdl_trigger(pdl);
+    pdl_wait();
     extern __shared__ float rds_smem[];
     float* s_score = rds_smem;
     float* s_key = s_score + 32 * experts;

@@ -22,9 +22,17 @@ struct alignas(64) DiTmaMap {
 // block of that grid has called pdl_launch_dependents() (or exited). It must call pdl_wait(), which
 // returns when the grid before it has completed and its writes are visible, before it reads
 // anything that grid may have written or writes anything it may read. Without the attribute both
-// return at once, so a kernel that uses them runs either way.
+// return at once, so a kernel that uses them runs either way, with one exception: a kernel launched
+// without the attribute must not call pdl_launch_dependents() when the kernel after it may have the
+// attribute, because that kernel's pdl_wait() does not then wait for it (on the H200 the grouped
+// GEMM after such a routing kernel read stale chunks: benches/results/2026-12-01-moe-router-op).
+// So the kernels that trigger early take the launch's choice as an argument: pdl_trigger(pdl).
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// pdl_launch_dependents() when this grid was launched with the attribute (`pdl` != 0).
+__device__ __forceinline__ void pdl_trigger(uint32_t pdl) {
+    if (pdl) pdl_launch_dependents();
+}
 
 #if DI_SM90
 

@@ -26,6 +26,9 @@ pub struct CudaBackend {
     sm_count: u32,
     /// The split decode GEMM's scratch per stream, made on first use and grown on demand.
     split_scratch: Mutex<Vec<(Arc<CudaStream>, SplitScratch)>>,
+    /// The router GEMM's k-split partials per stream (`take_router_scratch`), kept between calls
+    /// for the reason `SplitScratch` gives.
+    router_scratch: Mutex<Vec<(Arc<CudaStream>, CudaSlice<f32>)>>,
     /// Streams (their CUstream handles) whose last queued operation may be a wait for an event
     /// of another stream: the next kernel launched there goes without programmatic dependent
     /// launch, which lets a kernel start under the kernel before it in its stream and so pass
@@ -95,6 +98,7 @@ impl CudaBackend {
             capability,
             sm_count: sm_count.max(1) as u32,
             split_scratch: Mutex::new(Vec::new()),
+            router_scratch: Mutex::new(Vec::new()),
             waited: Mutex::new(std::collections::HashSet::new()),
         }))
     }
@@ -197,10 +201,42 @@ impl CudaBackend {
         f(scratch)
     }
 
+    /// `stream`'s router scratch of at least `floats` floats, taken out until
+    /// [`CudaBackend::keep_router_scratch`] puts it back: kept from the call before when large
+    /// enough, else made here (a smaller one is freed here, before the router GEMM is queued,
+    /// never between two kernels of the step).
+    pub(crate) fn take_router_scratch(&self, stream: &Arc<CudaStream>, floats: usize) -> Result<CudaSlice<f32>> {
+        let kept = {
+            let mut all = lock(&self.router_scratch);
+            all.iter().position(|(s, _)| Arc::ptr_eq(s, stream)).map(|i| all.swap_remove(i).1)
+        };
+        match kept {
+            Some(buf) if buf.len() >= floats => Ok(buf),
+            _ => {
+                // SAFETY: uninitialised; the router GEMM writes every slice before the fold reads it.
+                Ok(unsafe { stream.alloc::<f32>(floats) }?)
+            }
+        }
+    }
+
+    /// Puts `stream`'s router scratch back (after the launches that use it are queued).
+    pub(crate) fn keep_router_scratch(&self, stream: &Arc<CudaStream>, buf: CudaSlice<f32>) {
+        lock(&self.router_scratch).push((stream.clone(), buf));
+    }
+
+    /// Whether a kernel launched now on `stream` goes with programmatic dependent launch when its
+    /// caller `want`s it: not the first one after a wait for another stream's event (which the
+    /// attribute could let it pass by). The kernels that trigger early take the answer as their
+    /// `pdl` argument (`pdl_trigger`, sm90.cuh): a kernel launched without the attribute that
+    /// triggered anyway would not be waited for by a next kernel that has it.
+    pub(crate) fn pdl_for(&self, stream: &CudaStream, want: bool) -> bool {
+        want && !lock(&self.waited).remove(&(stream.cu_stream() as usize))
+    }
+
     /// Launches `f` on `stream` with its arguments as pointers to their values (what `cuLaunchKernelEx`
-    /// takes), with programmatic dependent launch allowed when `pdl`: the grid may then start while
-    /// the grid before it in the stream still runs, so the kernel must call `pdl_wait` (sm90.cuh)
-    /// before it touches anything that grid may write or read.
+    /// takes), with programmatic dependent launch when `pdl` (decided by [`CudaBackend::pdl_for`]):
+    /// the grid may then start while the grid before it in the stream still runs, so the kernel
+    /// must call `pdl_wait` (sm90.cuh) before it touches anything that grid may write or read.
     ///
     /// # Safety
     /// `args` must match the kernel's parameters in number, order and types, and point at live
@@ -215,7 +251,6 @@ impl CudaBackend {
     ) -> Result<()> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread()?;
-        let pdl = pdl && !lock(&self.waited).remove(&(stream.cu_stream() as usize));
         // SAFETY: a zeroed attribute is valid; the id and value set are the documented pair.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -238,7 +273,7 @@ impl CudaBackend {
     }
 
     /// Note that `stream` now waits for an event of another stream ([`crate::Stream::wait_event`]):
-    /// its next [`CudaBackend::launch_ex`] launch goes without programmatic dependent launch.
+    /// its next [`CudaBackend::pdl_for`] answers no.
     pub(crate) fn note_event_wait(&self, stream: &CudaStream) {
         lock(&self.waited).insert(stream.cu_stream() as usize);
     }

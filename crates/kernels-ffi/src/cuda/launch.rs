@@ -881,14 +881,18 @@ pub(crate) fn probe_read(stream: &Stream, buf: &DeviceBuffer<u8>, out: &mut Devi
     let (mut b_ptr, _b_sync) = buf.cuda().device_ptr(s);
     let (mut o_ptr, _o_sync) = out.cuda_mut().device_ptr_mut(s);
     let mut n16 = (buf.len() / 16) as u64;
-    let mut args: [*mut std::ffi::c_void; 3] = [
+    let pdl = be.pdl_for(s, crate::ops::pdl());
+    let mut pdl_arg = pdl as u32;
+    let mut args: [*mut std::ffi::c_void; 4] = [
         (&mut b_ptr as *mut cudarc::driver::sys::CUdeviceptr).cast(),
         (&mut n16 as *mut u64).cast(),
         (&mut o_ptr as *mut cudarc::driver::sys::CUdeviceptr).cast(),
+        (&mut pdl_arg as *mut u32).cast(),
     ];
-    // SAFETY: di_probe_read takes (const uint4*, uint64_t n16, uint32_t* out); buf holds n16 16-byte
-    // words (the op checked its length), out at least one word; both stay alive until queued.
-    unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
+    // SAFETY: di_probe_read takes (const uint4*, uint64_t n16, uint32_t* out, uint32_t pdl); buf
+    // holds n16 16-byte words (the op checked its length), out at least one word; both stay alive
+    // until queued.
+    unsafe { be.launch_ex(s, &f, cfg, pdl, &mut args) }
 }
 
 /// `di_probe_wgmma_n{n}` (ops::probe_wgmma): one block of `warpgroups` warpgroups per entry of

@@ -43,6 +43,7 @@ pub(crate) fn router_logits(
             .arg(&split.fold)
             .launch(cfg((n.div_ceil(256), 1, 1), 256))
     }?;
+    be.keep_router_scratch(s, split.partial);
     Ok(())
 }
 
@@ -76,9 +77,8 @@ fn router_gemm(
     let splits = d.div_ceil(ROUTER_SUB * group);
     let n = tokens as u64 * experts as u64;
     u32::try_from(n).map_err(|_| crate::FfiError::shape("router_logits", "tokens", "tokens x experts exceeds u32"))?;
-    // SAFETY: uninitialised; with several splits every block writes its split's [tokens, experts]
-    // slice in full before the fold, later on the stream, reads it.
-    let mut partial = if splits > 1 { Some(unsafe { s.alloc::<f32>((splits as u64 * n) as usize) }?) } else { None };
+    // Kept per stream (`take_router_scratch`), so no free sits between the kernels of the step.
+    let mut partial = if splits > 1 { Some(be.take_router_scratch(s, (splits as u64 * n) as usize)?) } else { None };
     let c = LaunchConfig {
         grid_dim: (experts.div_ceil(tile), tokens.div_ceil(64), splits),
         block_dim: (threads, 1, 1),
@@ -170,7 +170,11 @@ pub(crate) fn router(
         return Ok(());
     }
     let split = router_gemm(stream, x, gate, logits, shape.tokens, shape.experts, d, Some(&mut out.status))?;
-    route_launch(stream, logits.cuda_mut(), split.as_ref(), by, scaling, shape, out)
+    route_launch(stream, logits.cuda_mut(), split.as_ref(), by, scaling, shape, out)?;
+    if let Some(sp) = split {
+        backend(stream).keep_router_scratch(stream.cuda_stream("router", "x")?, sp.partial);
+    }
+    Ok(())
 }
 
 /// `router` followed by `dispatch` into `d`: for decode batches of up to 32 tokens (with the
@@ -230,7 +234,12 @@ pub(crate) fn router_dispatch(
     let (mut pair_row, _q) = d.pair_row.cuda_mut().device_ptr_mut(s);
     let (mut tokens, mut experts, mut top_k, mut scaling) = (shape.tokens, e, shape.top_k, scaling);
     let (mut tile, mut cap) = (d.tile, MoeDispatch::capacity(d.shape, d.tile));
-    let mut args: [*mut std::ffi::c_void; 23] = [
+    // Launched without programmatic dependent launch: with it (the kernel can wait for the router
+    // GEMM and let the grouped GEMM launch early) the layer's overlapped shared expert came out
+    // wrong in 1 of 3 test runs on the H200 (benches/results/2026-12-01-moe-router-op).
+    let pdl = false;
+    let mut pdl_arg = pdl as u32;
+    let mut args: [*mut std::ffi::c_void; 24] = [
         (&mut l_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut p_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut slices as *mut u32).cast(),
@@ -254,6 +263,7 @@ pub(crate) fn router_dispatch(
         (&mut cap as *mut u32).cast(),
         (&mut row_pair as *mut sys::CUdeviceptr).cast(),
         (&mut pair_row as *mut sys::CUdeviceptr).cast(),
+        (&mut pdl_arg as *mut u32).cast(),
     ];
     let c = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: smem };
     // SAFETY: matches di_moe_route_dispatch_small (di_moe_route's parameters, then tile, counts,
@@ -261,8 +271,14 @@ pub(crate) fn router_dispatch(
     // 1024 threads with the dynamic shared memory it takes (2 x 32 x experts floats, 32 x top_k
     // ints); tokens <= 32, pairs and experts <= 1024 (checked above), experts <= 512 and top_k <=
     // 16 (checked by the op); the buffers hold what `route` and `dispatch` need (checked by the
-    // op), partial slices x tokens x experts floats; null pointers pass as 0; plain launch.
-    unsafe { be.launch_ex(s, &f, c, false, &mut args) }
+    // op), partial slices x tokens x experts floats; null pointers pass as 0; a plain launch (its
+    // `pdl` argument 0: it does not trigger its dependents early).
+    unsafe { be.launch_ex(s, &f, c, pdl, &mut args) }?;
+    drop(_p);
+    if let Some(sp) = split {
+        be.keep_router_scratch(s, sp.partial);
+    }
+    Ok(())
 }
 
 /// Tokens `di_moe_route_dispatch_small` routes (a warp each in its block of 1024 threads).

@@ -390,7 +390,9 @@ pub(crate) fn gemm_fp4q_wg_launch(
     let (mut c_ptr, _c_sync) = chunks.cuda().device_ptr(s);
     let (mut nc_ptr, _nc_sync) = num_chunks.cuda().device_ptr(s);
     let (mut n, mut k) = (p.n, p.k);
-    let mut args: [*mut std::ffi::c_void; 10] = [
+    let pdl = be.pdl_for(s, crate::ops::pdl());
+    let mut pdl_arg = pdl as u32;
+    let mut args: [*mut std::ffi::c_void; 11] = [
         (&mut map_w as *mut TmaMap).cast(),
         (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut g_ptr as *mut sys::CUdeviceptr).cast(),
@@ -401,15 +403,16 @@ pub(crate) fn gemm_fp4q_wg_launch(
         (&mut nc_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut n as *mut u32).cast(),
         (&mut k as *mut u32).cast(),
+        (&mut pdl_arg as *mut u32).cast(),
     ];
     // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n,
-    // k), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
+    // k, pdl), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
     // bytes (alive until queued: its sync guard, as every buffer here); x holds every row the
     // gather names (or p.m rows without one), scale experts * n * k / 32 bytes, y [p.m, n] (checked
     // by the op); the dispatch's chunks name experts < experts and rows < p.m, at most `tile` <=
     // cols each; a null gather passes as 0; k % 128 == 0, n % 64 == 0 and the shared memory is
     // f4d_smem for k, as the kernel requires.
-    unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
+    unsafe { be.launch_ex(s, &f, cfg, pdl, &mut args) }
 }
 
 #[cfg(test)]
@@ -602,7 +605,9 @@ pub(crate) fn gemm_fp8_dec_launch(
         let (mut part, _p_sync) = scratch.partial.device_ptr_mut(s);
         let (mut counters, _c_sync) = scratch.counters.device_ptr_mut(s);
         let (mut m, mut n, mut k, mut stages, mut per) = (p.m, p.n, p.k, plan.stages, plan.per);
-        let mut args: [*mut std::ffi::c_void; 11] = [
+        let pdl = be.pdl_for(s, crate::ops::pdl());
+        let mut pdl_arg = pdl as u32;
+        let mut args: [*mut std::ffi::c_void; 12] = [
             (&mut map_w as *mut TmaMap).cast(),
             (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
             (&mut s_ptr as *mut sys::CUdeviceptr).cast(),
@@ -614,15 +619,16 @@ pub(crate) fn gemm_fp8_dec_launch(
             (&mut k as *mut u32).cast(),
             (&mut stages as *mut u32).cast(),
             (&mut per as *mut u32).cast(),
+            (&mut pdl_arg as *mut u32).cast(),
         ];
-        // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, part, counters, m, n, k, stages, per),
+        // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl),
         // in this order and these types; the map describes w [n, k] bytes (alive until queued: its
         // sync guard); x [m, k] bf16, scale [ceil(n / 128), k / 128] and y [m, n] were checked by
         // the op; m <= tokens, k % 128 == 0, n % 16 == 0; the grid is (row blocks, splits) with
         // splits = ceil(k / 128 / per); the shared memory holds `stages` tiles plus x, its scales and
         // the outputs (dec_plan's formula); the scratch holds splits x m x n partials and a zeroed
         // counter per row block, and is used by this stream only.
-        unsafe { be.launch_ex(s, &f, cfg, crate::ops::pdl(), &mut args) }
+        unsafe { be.launch_ex(s, &f, cfg, pdl, &mut args) }
     })
 }
 
