@@ -163,6 +163,15 @@ fn case(
         median(t)
     };
     let (r, sh) = (&w.routed, w.shared.as_ref().unwrap());
+    // The layer's routed gate/up and down GEMMs on a dispatch (the stage rows and the GPU-queued rows).
+    let gate_up_gemm = |x: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, gu: &mut DeviceBuffer<bf16>| {
+        let xin = GroupedInput::Tokens(x);
+        mops::gemm_grouped(s, r.format, xin, dsp, &r.w13.0, &r.w13.1, gu, 2 * w.inter, w.dim, true).unwrap()
+    };
+    let down_gemm = |h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| {
+        let hin = GroupedInput::Rows(h);
+        mops::gemm_grouped(s, r.format, hin, dsp, &r.w2.0, &r.w2.1, y, w.dim, w.inter, dsp.tile <= 16).unwrap()
+    };
     let pairs = tokens * w.top_k;
     let mut stages = serde_json::Map::new();
     stages.insert(
@@ -212,21 +221,7 @@ fn case(
         set_fp4_wgmma(tile < 64 || !earlier); // the tiled mma.sync kernel for the tile64 / tile128 rows
         let mut dsp = mops::MoeDispatch::with_tile(s, ws.dispatch.shape, tile).unwrap();
         mops::dispatch(s, &ws.routed.ids, &mut dsp).unwrap();
-        let t = stage(&mut || {
-            mops::gemm_grouped(
-                s,
-                r.format,
-                GroupedInput::Tokens(x),
-                &dsp,
-                &r.w13.0,
-                &r.w13.1,
-                &mut ws.gu,
-                2 * w.inter,
-                w.dim,
-                true,
-            )
-            .unwrap()
-        });
+        let t = stage(&mut || gate_up_gemm(x, &dsp, &mut ws.gu));
         earlier_fp4(false);
         set_fp4_wgmma(true);
         stages.insert(name.to_string(), t.into());
@@ -267,21 +262,7 @@ fn case(
             continue;
         }
         earlier_fp4(earlier);
-        let t = stage(&mut || {
-            mops::gemm_grouped(
-                s,
-                r.format,
-                GroupedInput::Rows(&ws.h),
-                &ws.dispatch,
-                &r.w2.0,
-                &r.w2.1,
-                &mut ws.y,
-                w.dim,
-                w.inter,
-                ws.dispatch.tile <= 16,
-            )
-            .unwrap()
-        });
+        let t = stage(&mut || down_gemm(&ws.h, &ws.dispatch, &mut ws.y));
         earlier_fp4(false);
         stages.insert(name.into(), t.into());
     }
@@ -369,37 +350,11 @@ fn case(
             let mut q = 0;
             let gate_up = batched_ms(s, batch, || {
                 q = (q + 1) % dsps.len();
-                let (x, dsp) = (&xs[q], &dsps[q]);
-                mops::gemm_grouped(
-                    s,
-                    r.format,
-                    GroupedInput::Tokens(x),
-                    dsp,
-                    &r.w13.0,
-                    &r.w13.1,
-                    &mut ws.gu,
-                    2 * w.inter,
-                    w.dim,
-                    true,
-                )
-                .unwrap()
+                gate_up_gemm(&xs[q], &dsps[q], &mut ws.gu)
             });
             let down = batched_ms(s, batch, || {
                 q = (q + 1) % dsps.len();
-                let dsp = &dsps[q];
-                mops::gemm_grouped(
-                    s,
-                    r.format,
-                    GroupedInput::Rows(&ws.h),
-                    dsp,
-                    &r.w2.0,
-                    &r.w2.1,
-                    &mut ws.y,
-                    w.dim,
-                    w.inter,
-                    dsp.tile <= 16,
-                )
-                .unwrap()
+                down_gemm(&ws.h, &dsps[q], &mut ws.y)
             });
             earlier_fp4(false);
             let suffix = if earlier { "_earlier_kernel" } else { "" };
