@@ -4,13 +4,16 @@
 // two blocks that merge through distributed shared memory (di_attn_decode_wg_c2); more write fp32
 // partials that di_attn_decode_combine merges.
 //
-// Block: three warpgroups. Warpgroup 0 gathers: its 128 threads copy the query rows and then each
-// 64-key tile (the rows named by key_rows, 1 KB each) with cp.async into 128-byte-swizzled shared
-// memory (eight 8 KB column chunks of 64 rows x 64 bf16), two stages, signalled through mbarriers
-// (cp.async.mbarrier.arrive). A tile whose 64 rows are consecutive in the pool (a whole page of a
-// paged cache: HCA's compressed rows) is instead eight TMA boxes issued by one thread (map_kv:
-// the pool as bytes [pool_rows, 1024], boxes of 64 rows x 128 bytes), when tma_runs is set. Warpgroups 1 and 2 take turns (FlashMLA's arrangement): the owner
-// of tile t (warpgroup 1 + t % 2) computes
+// Block: three warpgroups. Warpgroup 0 gathers: one thread loads the query rows by TMA, then its
+// 128 threads copy each 64-key tile (the rows named by key_rows, 1 KB each) with cp.async into
+// 128-byte-swizzled shared memory (eight 8 KB column chunks of 64 rows x 64 bf16), two stages,
+// signalled through mbarriers (cp.async.mbarrier.arrive). In the persistent form (a block looping
+// over sequences: prefill) the Q buffer and the two stages rotate (Bufs), so the next Q loads as
+// soon as the stage of the sequence's last-but-one tile is done, not after its last S. A tile
+// whose 64 rows are consecutive in the pool (a whole page of a paged cache: HCA's compressed rows)
+// is instead eight TMA boxes issued by one thread (map_kv: the pool as bytes [pool_rows, 1024],
+// boxes of 64 rows x 128 bytes), when tma_runs is set. Warpgroups 1 and 2 take turns (FlashMLA's
+// arrangement): the owner of tile t (warpgroup 1 + t % 2) computes
 //   S = Q K^T   wgmma m64n64k16 over the whole 64-key tile and all 512 dims;
 //   softmax     from the running max and sum the other warpgroup left after tile t - 1, writing
 //               the bf16 probabilities into P[t % 2] and the new max, sum and rescale factor per
@@ -23,7 +26,9 @@
 // The key stage is released when its P V has completed. The probabilities are rounded to bf16
 // exactly as in di_attn_decode, and the sums add those rounded values. Outputs leave through
 // shared memory as whole 512-byte row pieces (per-thread bf16 pairs straight to global memory
-// wrote 16-byte pieces of 8 rows per warp store and took ~4 us of a 15 us call).
+// wrote 16-byte pieces of 8 rows per warp store and took ~4 us of a 15 us call), by TMA stores
+// from the last tile's stage, which is given back once they have read it: where the next sequence
+// has its first MMAs in flight or waits anyway (release).
 //
 // Measured on the H200 (benches/results/2026-11-30-attention-wgmma, with the versions and the
 // experiments that were not kept): a gather-only run of this pipeline reaches 0.5-0.6 of the
@@ -53,6 +58,23 @@ constexpr int TILE = (D / 64) * CHUNK;  // one 64-row x 512 bf16 tile: 64 KB
 constexpr int SMEM = 1024 + TILE + STAGES * TILE + 2 * HM * 128 + 2 * 3 * HM * 4 + 2 * HM * 4 + 2 * KT * 4 + (3 * STAGES + 2) * 8;
 static_assert(SMEM == 216640, "attention.rs ATTN_WG_SMEM");
 
+// Which of the three 64 KB buffers at base + i * TILE holds Q and which each key stage: between two
+// sequences of a persistent block the next Q goes into the stage that does not hold the last key
+// tile (free once that stage's last P V is done, earlier than Q's own buffer, which waits for the
+// last S), and Q's old buffer becomes that stage.
+struct Bufs {
+    uint32_t q = 0, st0 = 1, st1 = 2;
+    __device__ __forceinline__ uint32_t stage(uint32_t s) const { return s ? st1 : st0; }
+    __device__ __forceinline__ void swap_q(uint32_t s) {
+        const uint32_t t = stage(s);
+        if (s)
+            st1 = q;
+        else
+            st0 = q;
+        q = t;
+    }
+};
+
 // Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
 __device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
     return (v / 8) * CHUNK + r * 128 + (((v % 8) ^ (r % 8)) * 16);
@@ -75,10 +97,9 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                                                float* __restrict__ ml_part, int32_t* __restrict__ status,
                                                uint32_t heads, uint32_t max_keys, uint32_t pool_rows,
                                                uint32_t tiles_per_split, float scale, uint32_t seqs,
-                                               const DiTmaMap& map_out, const DiTmaMap& map_kv, uint32_t tma_runs) {
+                                               const DiTmaMap& map_out, const DiTmaMap& map_kv, const DiTmaMap& map_q, uint32_t tma_runs) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    uint8_t* q_s = base;
     uint8_t* k_s = base + TILE;
     uint8_t* p_s = k_s + STAGES * TILE;                        // [2] P tiles, 64 x 64 bf16
     float* stats = reinterpret_cast<float*>(p_s + 2 * HM * 128);  // [2][m, l, alpha][HM] per tile
@@ -104,7 +125,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             mbar_init(&empty[s], 8);   // lane 0 of each math warp
         }
         for (int j = 0; j < 2; ++j) mbar_init(&pready[j], 128);  // every thread of the tile's owner warpgroup
-        mbar_init(q_bar, 128);
+        mbar_init(q_bar, 1);  // thread 0 of the gather warpgroup, with Q's bytes
         mbar_init(q_free, 1);  // thread 0 of the warpgroup that ran the sequence's last S
         mbar_init_fence();
     }
@@ -113,21 +134,40 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     if (wg == 0) {
         setmaxnreg_dec<40>();
         const uint32_t t = threadIdx.x;
-        if (t == 0 && tma_runs) tma_prefetch_map(&map_kv);
+        if (t == 0) {
+            tma_prefetch_map(&map_kv);
+            tma_prefetch_map(&map_q);
+        }
         uint32_t g = 0;  // key tiles of this block so far (all its sequences): stage g % STAGES
+        Bufs bufs;
+        uint32_t prev_tiles = 0, ew0 = 0, ew1 = 0;  // waits on empty[0], empty[1] so far
+        auto wait_empty = [&](uint32_t s) {
+            const uint32_t n = s ? ew1++ : ew0++;
+            mbar_wait(&empty[s], (n & 1) ^ 1);
+        };
         for (uint32_t b = blockIdx.x, qi = 0; b < seqs; b += gridDim.x, ++qi) {
             uint32_t k_begin, k_end, tiles;
             keys_of(b, k_begin, k_end, tiles);
             const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
-            // Q once the previous sequence's last S has read it: 64 rows x 64 units of 16 bytes;
-            // thread t takes unit t % 64 of rows t / 64, +2, ...
-            if (qi > 0) mbar_wait(q_free, (qi - 1) & 1);
-            for (uint32_t i = 0; i < HM * 64 / 128; ++i) {
-                const uint32_t h = 2 * i + t / 64, v = t % 64;
-                const bool ok = h < heads;
-                cp_async16(q_s + tile_off(h, v), q + (static_cast<size_t>(b) * heads + (ok ? h : 0)) * D + v * 8, ok);
+            // Q into the stage that does not hold the previous sequence's last tile (Bufs), once
+            // its last P V is done; that stage's next tile (this sequence's first) then goes into
+            // Q's old buffer once the previous sequence's last S has read it. Only when the
+            // previous sequence had two tiles or more (then that P V came after every math
+            // thread's wait for the previous Q, so q_bar's phase is used up) and this one has a
+            // tile; otherwise Q stays in its buffer and waits for that S. Q by TMA: eight boxes of
+            // 64 heads x 128 bytes (heads past the count read as zeros), one thread.
+            const bool rot = !C2 && qi > 0 && prev_tiles > 1 && tiles > 0;
+            if (rot) {
+                wait_empty(g % STAGES);
+                bufs.swap_q(g % STAGES);
+            } else if (qi > 0) {
+                mbar_wait(q_free, (qi - 1) & 1);
             }
-            cp_async_arrive_noinc(q_bar);
+            uint8_t* q_dst = base + bufs.q * TILE;
+            if (t == 0) {
+                mbar_arrive_expect_tx(q_bar, TILE);
+                for (int c = 0; c < D / 64; ++c) tma_load_3d(q_dst + c * CHUNK, &map_q, c * 128, 0, b, q_bar);
+            }
             // The pool rows of a tile's keys go through shared memory (-1: no key), loaded one
             // tile ahead by threads 0-63, so the copies never wait on an index load.
             auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
@@ -138,7 +178,10 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             int32_t next0 = t < KT ? row_of(k_begin) : -1;
             for (uint32_t it = 0; it < tiles; ++it, ++g) {
                 const uint32_t s = g % STAGES;
-                mbar_wait(&empty[s], ((g / STAGES) & 1) ^ 1);
+                if (rot && it == 0)
+                    mbar_wait(q_free, (qi - 1) & 1);
+                else
+                    wait_empty(s);
                 int32_t* ix = idx + s * KT;
                 if (t < KT) ix[t] = next;
                 // A tile of 64 consecutive pool rows (a page of a paged cache) loads by TMA: eight
@@ -155,7 +198,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                     next = row_of(k_begin + (it + 1) * KT + t);
                     next0 = row_of(k_begin + (it + 1) * KT);
                 }
-                uint8_t* dst = k_s + s * TILE;
+                uint8_t* dst = base + bufs.stage(s) * TILE;
                 if (run) {
                     if (t == 0)
                         for (int c = 0; c < D / 64; ++c) tma_load_2d(dst + c * CHUNK, &map_kv, c * 128, first, &full[s]);
@@ -169,6 +212,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                 }
                 cp_async_arrive_noinc(&full[s]);
             }
+            prev_tiles = tiles;
         }
         cp_async_wait_all();
         if constexpr (C2) {  // every thread of both blocks takes part in the cluster barriers
@@ -185,11 +229,28 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     // 8 j + 2 (lane % 4) (+1) in registers 4 j (+1) and 4 j + 2 (+1).
     const int r0 = warp * 16 + lane / 4;
     const int rr[2] = {r0, r0 + 8};
-    const uint32_t q_a = smem_addr(q_s), k_a = smem_addr(k_s), p_a = smem_addr(p_s);
+    const uint32_t base_a = smem_addr(base), k_a = smem_addr(k_s), p_a = smem_addr(p_s);
+    Bufs bufs;  // as the gather warpgroup rotates them
+    uint32_t prev_tiles = 0;
     uint32_t g = 0;  // key tiles of this block so far: stage g % STAGES, owner warpgroup 1 + g % 2
+    // The warpgroup's first thread issues its output stores from a key stage and gives that stage
+    // back only once the TMA engine has read it: not right after the stores, but where the next
+    // sequence has other work in flight or nothing to do (after its first S is issued, or before
+    // waiting for the other warpgroup's P), so the read-out overlaps the next sequence.
+    int32_t pending = -1;
+    auto release = [&]() {
+        if (pending >= 0) {
+            bulk_wait_read();
+            mbar_arrive(&empty[pending]);
+            pending = -1;
+        }
+    };
     for (uint32_t b = blockIdx.x, qi = 0; b < seqs; b += gridDim.x, ++qi) {
         uint32_t k_begin, k_end, tiles;
         keys_of(b, k_begin, k_end, tiles);
+        if (!C2 && qi > 0 && prev_tiles > 1 && tiles > 0) bufs.swap_q(g % STAGES);
+        prev_tiles = tiles;
+        const uint32_t q_a = base_a + bufs.q * TILE;
         // Running max and sum before the first tile: the sink (split 0) as a key of value zero.
         float m_run[2], l_tot[2];
 #pragma unroll
@@ -225,9 +286,10 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #pragma unroll
                 for (int kc = 0; kc < D / 16; ++kc) {
                     const uint32_t off = (kc / 4) * CHUNK + (kc % 4) * 32;
-                    wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(q_a + off), wgmma_desc_sw128(k_a + s * TILE + off), kc > 0);
+                    wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(q_a + off), wgmma_desc_sw128(base_a + bufs.stage(s) * TILE + off), kc > 0);
                 }
                 wgmma_commit();
+                release();
                 wgmma_wait<0>();
                 wgmma_fence_regs(sc);
                 // After the sequence's last S, Q may take the next sequence's rows.
@@ -286,6 +348,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                 mbar_arrive(&pready[g % 2]);
             }
             // O = alpha O + P V on this warpgroup's 256 columns, V = the same key tile read MN-major.
+            release();
             mbar_wait(&pready[g % 2], (g / 2) & 1);
             fence_proxy_async_smem();
             const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
@@ -301,7 +364,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #pragma unroll
             for (int ks = 0; ks < KT / 16; ++ks)
                 wgmma_m64n256k16_bf16_bmn(o, wgmma_desc_sw128(p_a + (g % 2) * HM * 128 + ks * 32),
-                                          wgmma_desc_sw128_mn(k_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128, CHUNK), 1);
+                                          wgmma_desc_sw128_mn(base_a + bufs.stage(s) * TILE + cw * 4 * CHUNK + ks * 16 * 128, CHUNK), 1);
             wgmma_commit();
             // Waiting here (the other warpgroup keeps the tensor cores busy meanwhile): with a group
             // in flight across the loop edge ptxas serialises every wgmma of the loop (warning C7515).
@@ -328,6 +391,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         // bf16: staged in shared memory as four 64-row x 64-column boxes in the 128-byte swizzle
         // (conflict-free), then four TMA stores by the warpgroup's first thread (rows past `heads`
         // are not written), which waits only until they have read the staging.
+        bool stored = false;  // this thread has output stores in flight from the last tile's stage
         auto store_out = [&](uint8_t* stage, const float(&f)[2], uint32_t col0) {
 #pragma unroll
             for (int j = 0; j < 32; ++j)
@@ -345,7 +409,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                     tma_store_3d(&map_out, stage + c * 8192, static_cast<int32_t>(2 * col0 + 128 * c), 0,
                                  static_cast<int32_t>(b));
                 bulk_commit();
-                bulk_wait_read();  // the staging (a key stage) is released after this
+                stored = true;  // the stage is given back once they have read it (release)
             }
         };
 
@@ -396,7 +460,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             if (tiles > 0) {
                 // Through the last tile's stage: this warpgroup's half of it holds the V columns only
                 // its own P V read.
-                store_out(k_s + ((g - 1) % STAGES) * TILE + cw * HM * 512, f, cw * 256);
+                store_out(base + bufs.stage((g - 1) % STAGES) * TILE + cw * HM * 512, f, cw * 256);
             } else {
                 // No keys (no stage of this sequence): zeros (or the sink's) straight from registers.
 #pragma unroll
@@ -423,8 +487,14 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                 }
             }
         }
-        if (lane == 0 && tiles > 0) mbar_arrive(&empty[(g - 1) % STAGES]);
+        if (lane == 0 && tiles > 0) {
+            if (stored)
+                pending = static_cast<int32_t>((g - 1) % STAGES);
+            else
+                mbar_arrive(&empty[(g - 1) % STAGES]);
+        }
     }  // sequences
+    release();
     if (threadIdx.x % 128 == 0) bulk_wait();  // the output stores are done before the block's memory goes
 }
 
@@ -436,10 +506,11 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         const int32_t *__restrict__ key_counts, const float *__restrict__ sink, __nv_bfloat16 *__restrict__ out,       \
         float *__restrict__ o_part, float *__restrict__ ml_part, int32_t *__restrict__ status, uint32_t heads,         \
         uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs,                 \
-        const __grid_constant__ DiTmaMap map_out, const __grid_constant__ DiTmaMap map_kv, uint32_t tma_runs
+        const __grid_constant__ DiTmaMap map_out, const __grid_constant__ DiTmaMap map_kv,                      \
+        const __grid_constant__ DiTmaMap map_q, uint32_t tma_runs
 #define DI_ATTN_WG_ARGS                                                                                          \
     q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, \
-        scale, seqs, map_out, map_kv, tma_runs
+        scale, seqs, map_out, map_kv, map_q, tma_runs
 
 // Any number of splits (several: fp32 partials merged by di_attn_decode_combine).
 extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1) di_attn_decode_wg(DI_ATTN_WG_PARAMS) {

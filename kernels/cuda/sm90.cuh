@@ -97,6 +97,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const DiTmaMap* map, int3
         : "memory");
 }
 
+// The same for a 3-D map (coordinates innermost first); parts past the tensor fill zeros.
+__device__ __forceinline__ void tma_load_3d(void* dst, const DiTmaMap* map, int32_t c0, int32_t c1, int32_t c2,
+                                            uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+        : "memory");
+}
+
 // One 2-D box from shared memory (src, 1024-byte aligned, laid out as the map's box with its
 // swizzle) to global memory at (c0, c1); parts past the tensor are not written. Completes in this
 // thread's bulk group (bulk_commit, then bulk_wait_read / bulk_wait).

@@ -30,6 +30,11 @@ fn main() {
     let (batch, heads, d) = (64u32, 64u32, 512usize);
     let scale = 1.0 / (d as f32).sqrt();
     let mut results = Vec::new();
+    // DEEPINFER_BENCH_ONLY=TEXT[,TEXT..] runs only the cases whose label ("attention_decode HCA 8k
+    // paged", "indexer_decode indexer 8k", "indexer_prefill", "attention_prefill sliding prefill
+    // 32k", "compress CSA") contains one of the TEXTs (A/B runs and profiling of one kernel).
+    let only = std::env::var("DEEPINFER_BENCH_ONLY").ok();
+    let wanted = |label: &str| only.as_deref().is_none_or(|o| o.split(',').any(|t| label.contains(t)));
     // Rows: random pool rows, or (paged) a paged cache's layout: each sequence's 128-row window
     // starting inside a 64-row page (its tiles straddle pages), then its compressed rows as whole
     // pages, the pages of all sequences shuffled over the pool.
@@ -41,6 +46,9 @@ fn main() {
         ("HCA 8k paged", 192, true),
         ("HCA 128k paged", 1152, true),
     ] {
+        if !wanted(&format!("attention_decode {what}")) {
+            continue;
+        }
         let shape = DecodeAttnShape { batch, heads, head_dim: d as u32, max_keys: keys };
         let pool = (batch * keys) as usize * 2;
         let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
@@ -127,6 +135,9 @@ fn main() {
     // indexer keys of 8k and 128k contexts (2048 and 32768 candidate rows, ratio 4).
     for (what, rows_n) in [("indexer 8k (2048 rows)", 2048u32), ("indexer 128k (32768 rows)", 32768)] {
         use deepinfer_kernels_ffi::indexer::{indexer_decode, IndexerShape};
+        if !wanted(&format!("indexer_decode {what}")) {
+            continue;
+        }
         let shape = IndexerShape { batch, heads: 64, dim: 128, max_rows: rows_n, k: 512 };
         let pool = (batch * rows_n) as usize;
         let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
@@ -171,7 +182,7 @@ fn main() {
     // their sequence's 32768 compressed rows (token t sees the windows closed by its position), k =
     // 512. Floor: the FLOPs (2 x 64 x 128 a token and row) at the bf16 matrix-unit rate, the larger
     // of that and the bytes (keys once, the scores written and read back).
-    {
+    if wanted("indexer_prefill") {
         use deepinfer_kernels_ffi::indexer::{indexer_prefill, prefill_cuda_kernel, set_wgmma, IndexerShape};
         const BF16_FLOP_PER_S: f64 = 790e12;
         let (tokens, rows_n, k) = (4096u32, 32768u32, 512u32);
@@ -225,6 +236,9 @@ fn main() {
         const BF16_FLOP_PER_S: f64 = 790e12;
         let tokens = 32768u32;
         for (what, keys) in [("CSA prefill 32k (128 + 512)", 640u32), ("sliding prefill 32k (128)", 128)] {
+            if !wanted(&format!("attention_prefill {what}")) {
+                continue;
+            }
             let shape = PrefillAttnShape { tokens, heads, head_dim: d as u32, max_keys: keys };
             let pool = tokens as usize + 8192;
             let b = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
@@ -293,6 +307,9 @@ fn main() {
             ("indexer", 4, 128, true, RowQat::None),
             ("HCA", 128, 512, false, RowQat::Fp8Blocks64),
         ] {
+            if !wanted(&format!("compress {name}")) {
+                continue;
+            }
             let shape = PoolShape { ratio, width, overlap };
             let cw = shape.token_width();
             for (case, seqs_n, len) in [("decode", 64usize, 1usize), ("prefill", 1, 4096)] {

@@ -89,6 +89,15 @@ pub(crate) fn attention_decode(
     } else {
         None
     };
+    // q [batch, heads, 512] bf16 as bytes [batch, heads, 1024] in boxes of 64 heads x 128 bytes (heads
+    // past the count read as zeros): the wgmma kernels load a sequence's Q through it.
+    let map_q = if module == "attention_sm90" {
+        let ptr = q.cuda().device_ptr(s).0;
+        let row = 2 * d as u64;
+        Some(super::wgmma::tma_map_bytes_3d_128(ptr, [row, h as u64, b as u64], [row, row * h as u64], (128, 64))?)
+    } else {
+        None
+    };
     let tma_runs = u32::from(crate::attention::tma_runs());
     let mut l = s.launch_builder(&f);
     l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
@@ -99,7 +108,8 @@ pub(crate) fn attention_decode(
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
     if module == "attention_sm90" {
         l.arg(&shape.batch).arg(map_out.as_ref().expect("the wgmma kernels store through a map"));
-        l.arg(map_kv.as_ref().expect("the wgmma kernels load pages through a map")).arg(&tma_runs);
+        l.arg(map_kv.as_ref().expect("the wgmma kernels load pages through a map"));
+        l.arg(map_q.as_ref().expect("the wgmma kernels load Q through a map")).arg(&tma_runs);
     }
     // SAFETY: matches di_attn_decode, di_attn_decode_wg and di_attn_decode_wg_c2 (q, kv, key_rows,
     // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
