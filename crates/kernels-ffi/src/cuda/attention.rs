@@ -70,31 +70,21 @@ pub(crate) fn attention_decode(
     let blocks =
         if kernel == "di_attn_decode_wg" && splits == 1 { shape.batch.min(be.sm_count()) } else { shape.batch };
     let cfg = LaunchConfig { grid_dim: (blocks.max(1), splits, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
-    // The wgmma kernels store out [batch, heads, 512] bf16 by TMA: bytes [batch, heads, 1024] in
-    // boxes of 64 heads x 128 bytes (heads past the count are dropped, not written into the next
-    // sequence).
-    // The address only: the launch below passes `out` itself too, which orders it on the stream.
-    let map_out = if module == "attention_sm90" {
-        let ptr = out.cuda_mut().device_ptr_mut(s).0;
+    // The wgmma kernels' TMA maps, (q, out, kv): q and out as bytes [batch, heads, 1024] in boxes of
+    // 64 heads x 128 bytes (heads past the count read as zeros, and are not written into the next
+    // sequence: a sequence's Q in, its outputs out); the pool as bytes [pool_rows, 1024] in boxes
+    // of 64 rows x 128 bytes (128-byte swizzle: key tiles of 64 consecutive rows). The addresses
+    // only: the launch below passes the buffers themselves too, which orders them on the stream.
+    let maps = if module == "attention_sm90" {
         let row = 2 * d as u64;
-        Some(super::wgmma::tma_map_bytes_3d_128(ptr, [row, h as u64, b as u64], [row, row * h as u64], (128, 64))?)
-    } else {
-        None
-    };
-    // The pool as bytes [pool_rows, 1024] in boxes of 64 rows x 128 bytes (128-byte swizzle): the
-    // wgmma kernels load key tiles of 64 consecutive rows through it (the address only, as map_out).
-    let map_kv = if module == "attention_sm90" {
-        let ptr = kv.cuda().device_ptr(s).0;
-        Some(super::wgmma::tma_map_bytes_128(ptr, pool_rows as u64, 2 * d as u64, 64)?)
-    } else {
-        None
-    };
-    // q [batch, heads, 512] bf16 as bytes [batch, heads, 1024] in boxes of 64 heads x 128 bytes (heads
-    // past the count read as zeros): the wgmma kernels load a sequence's Q through it.
-    let map_q = if module == "attention_sm90" {
-        let ptr = q.cuda().device_ptr(s).0;
-        let row = 2 * d as u64;
-        Some(super::wgmma::tma_map_bytes_3d_128(ptr, [row, h as u64, b as u64], [row, row * h as u64], (128, 64))?)
+        let per_seq = |ptr: cudarc::driver::sys::CUdeviceptr| {
+            super::wgmma::tma_map_bytes_3d_128(ptr, [row, h as u64, b as u64], [row, row * h as u64], (128, 64))
+        };
+        Some((
+            per_seq(q.cuda().device_ptr(s).0)?,
+            per_seq(out.cuda_mut().device_ptr_mut(s).0)?,
+            super::wgmma::tma_map_bytes_128(kv.cuda().device_ptr(s).0, pool_rows as u64, row, 64)?,
+        ))
     } else {
         None
     };
@@ -106,17 +96,15 @@ pub(crate) fn attention_decode(
         None => l.arg(&none).arg(&none),
     };
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
-    if module == "attention_sm90" {
-        l.arg(&shape.batch).arg(map_out.as_ref().expect("the wgmma kernels store through a map"));
-        l.arg(map_kv.as_ref().expect("the wgmma kernels load pages through a map"));
-        l.arg(map_q.as_ref().expect("the wgmma kernels load Q through a map")).arg(&tma_runs);
+    if let Some((map_q, map_out, map_kv)) = &maps {
+        l.arg(&shape.batch).arg(map_out).arg(map_kv).arg(map_q).arg(&tma_runs);
     }
     // SAFETY: matches di_attn_decode, di_attn_decode_wg and di_attn_decode_wg_c2 (q, kv, key_rows,
     // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
     // scale, and for the two wgmma kernels seqs = batch, which the grid's x covers once (c2, splits)
     // or in a grid-stride loop, map_out, out's [batch, heads, 1024] bytes, map_kv, kv's [pool_rows,
-    // 1024] bytes, and the tma_runs flag; the partials are null
-    // where no combine follows and then never written); the op checked
+    // 1024] bytes, map_q, q's [batch, heads, 1024] bytes, and the tma_runs flag; the partials are
+    // null where no combine follows and then never written); the op checked
     // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
     // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
     unsafe { l.launch(cfg) }?;
