@@ -13,7 +13,9 @@
 use deepinfer_kernels_ffi::attention::{
     attention_decode, cuda_kernel, decode_splits, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
-use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, paged_key_rows, rel_err, switch_kernels, SplitMix};
+use deepinfer_kernels_ffi::testing::{
+    cuda_device_or_skip, paged_key_rows, rel_err, switch_kernels, BenchOnly, SplitMix,
+};
 use half::bf16;
 
 const BYTES_PER_S: f64 = 4.3e12;
@@ -30,11 +32,11 @@ fn main() {
     let (batch, heads, d) = (64u32, 64u32, 512usize);
     let scale = 1.0 / (d as f32).sqrt();
     let mut results = Vec::new();
-    // DEEPINFER_BENCH_ONLY=TEXT[,TEXT..] runs only the cases whose label ("attention_decode HCA 8k
-    // paged", "indexer_decode indexer 8k", "indexer_prefill", "attention_prefill sliding prefill
-    // 32k", "compress CSA") contains one of the TEXTs (A/B runs and profiling of one kernel).
-    let only = std::env::var("DEEPINFER_BENCH_ONLY").ok();
-    let wanted = |label: &str| only.as_deref().is_none_or(|o| o.split(',').any(|t| label.contains(t)));
+    // DEEPINFER_BENCH_ONLY (`testing::BenchOnly`) runs only the cases whose label ("attention_decode
+    // HCA 8k paged", "indexer_decode indexer 8k", "indexer_prefill", "attention_prefill sliding
+    // prefill 32k", "compress CSA") contains one of its texts.
+    let only = BenchOnly::from_env();
+    let wanted = |label: &str| only.wants(label);
     // Rows: random pool rows, or (paged) a paged cache's layout: each sequence's 128-row window
     // starting inside a 64-row page (its tiles straddle pages), then its compressed rows as whole
     // pages, the pages of all sequences shuffled over the pool.

@@ -6,7 +6,7 @@
 //! then each launch timed with CUDA events; median of the runs. Floor = bytes that must move /
 //! 4.25 TB/s (the measured device-to-device copy rate of the H200).
 
-use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, SplitMix};
+use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, rel_err, BenchOnly, SplitMix};
 use deepinfer_kernels_ffi::{ops, DeviceBuffer, Element, GemmParams, RmsNormParams, RopeConfig, RopeParams, Stream};
 use half::bf16;
 
@@ -413,12 +413,11 @@ fn main() {
     };
     let s = dev.default_stream();
     let mut rng = SplitMix(0x5eed);
-    // DEEPINFER_BENCH_ONLY=TEXT[,TEXT..] runs only the GEMM and probe cases whose label ("gemm
-    // attn.wo_b m=1", "prefill attn.wq_b", "probe attn.wq_b") contains one of the TEXTs (for
-    // profiling one kernel under ncu).
-    let only = std::env::var("DEEPINFER_BENCH_ONLY").ok();
-    let wanted = |label: &str| only.as_deref().is_none_or(|o| o.split(',').any(|t| label.contains(t)));
-    let results = if only.is_some() {
+    // DEEPINFER_BENCH_ONLY (`testing::BenchOnly`) runs only the GEMM and probe cases whose label
+    // ("gemm attn.wo_b m=1", "prefill attn.wq_b", "probe attn.wq_b") contains one of its texts.
+    let only = BenchOnly::from_env();
+    let wanted = |label: &str| only.wants(label);
+    let results = if only.is_set() {
         Vec::new()
     } else {
         vec![

@@ -36,6 +36,26 @@ pub fn switch_kernels(set: impl Fn(bool), kernel: impl Fn() -> Option<&'static s
     out
 }
 
+/// A GPU bench's `DEEPINFER_BENCH_ONLY=TEXT[,TEXT..]`: run only the cases whose label contains one
+/// of the TEXTs (A/B runs, profiling one kernel under ncu); unset, every case.
+pub struct BenchOnly(Option<String>);
+
+impl BenchOnly {
+    pub fn from_env() -> BenchOnly {
+        BenchOnly(std::env::var("DEEPINFER_BENCH_ONLY").ok())
+    }
+
+    /// Whether a filter was given.
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Whether the case labelled `label` runs.
+    pub fn wants(&self, label: &str) -> bool {
+        self.0.as_deref().is_none_or(|o| o.split(',').any(|t| label.contains(t)))
+    }
+}
+
 /// ‖a − b‖ / ‖b‖ in f64, and max |a − b|; NaN anywhere gives NaN (which never passes a `<`).
 pub fn rel_err(a: &[f32], b: &[f32]) -> (f64, f64) {
     assert_eq!(a.len(), b.len());
@@ -145,5 +165,17 @@ mod tests {
         assert_eq!(one, vec![(true, "portable")]);
         assert!(switch_kernels(|v| on.set(v), || None).is_empty());
         assert!(on.get());
+    }
+
+    #[test]
+    fn bench_only_runs_every_case_unset_and_the_matching_ones_set() {
+        let all = BenchOnly(None);
+        assert!(!all.is_set() && all.wants("gemm attn.wo_b m=1"));
+        let some = BenchOnly(Some("wo_b,attention_prefill sliding".into()));
+        assert!(some.is_set());
+        assert!(some.wants("gemm attn.wo_b m=1"));
+        assert!(some.wants("attention_prefill sliding prefill 32k (128)"));
+        assert!(!some.wants("attention_prefill CSA prefill 32k (128 + 512)"));
+        assert!(!some.wants("probe attn.wq_b"));
     }
 }
