@@ -75,6 +75,12 @@ struct Bufs {
     }
 };
 
+// Whether Bufs rotate before a persistent block's sequence qi (tiles key tiles) after one of
+// prev_tiles: the gather warpgroup and the math warpgroups apply the same rule (see the gather).
+__device__ __forceinline__ bool bufs_rotate(bool c2, uint32_t qi, uint32_t prev_tiles, uint32_t tiles) {
+    return !c2 && qi > 0 && prev_tiles > 1 && tiles > 0;
+}
+
 // Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
 __device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
     return (v / 8) * CHUNK + r * 128 + (((v % 8) ^ (r % 8)) * 16);
@@ -156,7 +162,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             // thread's wait for the previous Q, so q_bar's phase is used up) and this one has a
             // tile; otherwise Q stays in its buffer and waits for that S. Q by TMA: eight boxes of
             // 64 heads x 128 bytes (heads past the count read as zeros), one thread.
-            const bool rot = !C2 && qi > 0 && prev_tiles > 1 && tiles > 0;
+            const bool rot = bufs_rotate(C2, qi, prev_tiles, tiles);
             if (rot) {
                 wait_empty(g % STAGES);
                 bufs.swap_q(g % STAGES);
@@ -248,7 +254,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     for (uint32_t b = blockIdx.x, qi = 0; b < seqs; b += gridDim.x, ++qi) {
         uint32_t k_begin, k_end, tiles;
         keys_of(b, k_begin, k_end, tiles);
-        if (!C2 && qi > 0 && prev_tiles > 1 && tiles > 0) bufs.swap_q(g % STAGES);
+        if (bufs_rotate(C2, qi, prev_tiles, tiles)) bufs.swap_q(g % STAGES);
         prev_tiles = tiles;
         const uint32_t q_a = base_a + bufs.q * TILE;
         // Running max and sum before the first tile: the sink (split 0) as a key of value zero.
