@@ -1,10 +1,16 @@
 // Decode attention on Hopper (sm_90a) with warpgroup MMAs: the same op, arguments and outputs as
 // di_attn_decode (attention.cu, which states the math): per (sequence, split of its keys) one block
 // with all <= 64 heads, so every key row is read from memory once. Two splits run as a cluster of
-// two blocks that merge through distributed shared memory (di_attn_decode_wg_c2); more write fp32
-// partials that di_attn_decode_combine merges.
+// two blocks that merge through distributed shared memory (the _c2 kernels); more write fp32
+// partials that di_attn_decode_combine merges. Two kernel families (the launcher picks, see
+// attention.rs's decode_kernel):
+// - the turn-taking kernels (attn_decode_wg: di_attn_decode_wg, persistent for prefill and many
+//   sequences, and di_attn_decode_wg_c2), described here;
+// - the S-warpgroup kernels (attn_decode_sp: di_attn_decode_sp, one split, and
+//   di_attn_decode_sp_c2), described at attn_decode_sp: one warpgroup holds Q in registers and
+//   does S and the softmax, two do P V, three key stages.
 //
-// Block: three warpgroups. Warpgroup 0 gathers: one thread loads the query rows by TMA, then its
+// Turn-taking block: three warpgroups. Warpgroup 0 gathers: one thread loads the query rows by TMA, then its
 // 128 threads copy each 64-key tile (the rows named by key_rows, 1 KB each) with cp.async into
 // 128-byte-swizzled shared memory (eight 8 KB column chunks of 64 rows x 64 bf16), two stages,
 // signalled through mbarriers (cp.async.mbarrier.arrive). In the persistent form (a block looping
@@ -23,6 +29,7 @@
 // instruction transposes it). While one warpgroup does its softmax the other's MMAs run.
 // (The first version split every tile's keys between the two warpgroups, n = 32 each, in lock
 // step: S read Q from shared memory twice as often and the tensor cores idled during softmax.)
+// The softmax works in base 2 (kLog2e) and O is rescaled only when a row's max moved.
 // The key stage is released when its P V has completed. The probabilities are rounded to bf16
 // exactly as in di_attn_decode, and the sums add those rounded values. Outputs leave through
 // shared memory as whole 512-byte row pieces (per-thread bf16 pairs straight to global memory
@@ -30,18 +37,20 @@
 // from the last tile's stage, which is given back once they have read it: where the next sequence
 // has its first MMAs in flight or waits anyway (release).
 //
-// Measured on the H200 (benches/results/2026-11-30-attention-wgmma, with the versions and the
-// experiments that were not kept): a gather-only run of this pipeline reaches 0.5-0.6 of the
-// bandwidth floor, so two stages of 64 KB are the next limit. Splitting the head dims over the
-// cluster instead (half-width rows, four stages, partial S swapped through distributed shared
-// memory every tile) ran slower for long contexts: the swap sits on every tile's softmax chain.
+// Measured on the H200: benches/results/2026-11-30-attention-wgmma (the versions and the
+// experiments that were not kept), 2026-12-01-attention-decode-costs (where a decode call's time
+// goes: the loads alone reach 0.77-0.85 of the floor, the math adds 8-10 us, the merge 4.3-4.6 us)
+// and 2026-12-01-attention-s-warpgroup (the S-warpgroup kernels; the head dims split between the
+// math warpgroups, not kept: the partial-S swap and the doubled softmax on every tile's chain).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 #include "cpasync.cuh"
+#include "mma.cuh"
 #include "sm90.cuh"
 
 constexpr int DI_ATTN_WG_THREADS = 3 * 128;  // gather warpgroup + two math warpgroups
+constexpr int SP_THREADS_HOST = 4 * 128;     // di_attn_decode_sp_c2: gather, S, two P V warpgroups
 
 #if DI_SM90
 namespace {
@@ -79,6 +88,16 @@ struct Bufs {
 // prev_tiles: the gather warpgroup and the math warpgroups apply the same rule (see the gather).
 __device__ __forceinline__ bool bufs_rotate(bool c2, uint32_t qi, uint32_t prev_tiles, uint32_t tiles) {
     return !c2 && qi > 0 && prev_tiles > 1 && tiles > 0;
+}
+
+// The softmax runs in base 2: scores times scale log2(e) against a running max kept the same way
+// (exp(x) = 2^(x log2 e)), so a probability is one subtraction and one ex2.
+constexpr float kLog2e = 1.4426950408889634f;
+// 2^x (ex2.approx.ftz: 2^-inf = 0), what __expf uses after scaling by log2(e).
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
@@ -230,6 +249,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 
     setmaxnreg_inc<232>();
     const int cw = wg - 1;  // S and softmax of the tiles t with t % 2 == cw; output columns 256cw..
+    const float scale2 = scale * kLog2e;
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     // Accumulator layout (wgmma m64nN): rows r0 = 16 warp + lane / 4 and r0 + 8, columns
     // 8 j + 2 (lane % 4) (+1) in registers 4 j (+1) and 4 j + 2 (+1).
@@ -262,7 +282,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
-            m_run[e] = with_sink ? sink[rr[e]] : -INFINITY;
+            m_run[e] = with_sink ? sink[rr[e]] * kLog2e : -INFINITY;  // base 2, as the softmax
             l_tot[e] = with_sink ? 1.f : 0.f;
         }
         float o[128];
@@ -314,18 +334,19 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const bool ok = (valid >> (2 * j + (e & 1))) & 1;
-                        sc[4 * j + e] = ok ? sc[4 * j + e] * scale : -INFINITY;
+                        sc[4 * j + e] = ok ? sc[4 * j + e] * scale2 : -INFINITY;
                         mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
                     }
-                float alpha[2], sum[2] = {0.f, 0.f};
+                float alpha[2], sum[2] = {0.f, 0.f}, msub[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
                     mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
                     const float m_new = fmaxf(m_run[e], mx[e]);
                     // m_new = -inf only while a row has seen no key and no sink (splits > 0, skipped rows).
-                    alpha[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - m_new);
+                    alpha[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - m_new);
                     m_run[e] = m_new;
+                    msub[e] = m_new == -INFINITY ? 0.f : m_new;  // a masked key is -inf: 2^-inf = 0
                 }
                 uint8_t* pt = p_s + (g % 2) * HM * 128;
 #pragma unroll
@@ -333,9 +354,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const float* v = sc + 4 * j + 2 * e;
-                        const float x0 = v[0] == -INFINITY ? 0.f : __expf(v[0] - m_run[e]);
-                        const float x1 = v[1] == -INFINITY ? 0.f : __expf(v[1] - m_run[e]);
-                        const __nv_bfloat162 pb = __floats2bfloat162_rn(x0, x1);
+                        const __nv_bfloat162 pb = __floats2bfloat162_rn(ex2_approx(v[0] - msub[e]), ex2_approx(v[1] - msub[e]));
                         sum[e] += __low2float(pb) + __high2float(pb);  // the sum of exactly what P V multiplies
                         *reinterpret_cast<__nv_bfloat162*>(pt + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb;
                     }
@@ -358,12 +377,15 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             mbar_wait(&pready[g % 2], (g / 2) & 1);
             fence_proxy_async_smem();
             const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
+            // Only where a row's max moved in this warp (most tiles once the maxima settle).
+            if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                o[4 * j] *= a0;
-                o[4 * j + 1] *= a0;
-                o[4 * j + 2] *= a1;
-                o[4 * j + 3] *= a1;
+                for (int j = 0; j < 32; ++j) {
+                    o[4 * j] *= a0;
+                    o[4 * j + 1] *= a0;
+                    o[4 * j + 2] *= a1;
+                    o[4 * j + 3] *= a1;
+                }
             }
             wgmma_fence_regs(o);
             wgmma_fence();
@@ -446,8 +468,8 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             for (int e = 0; e < 2; ++e) {
                 const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
                 const float mx = fmaxf(m_run[e], m1);
-                w[e] = m_run[e] == -INFINITY ? 0.f : __expf(m_run[e] - mx);
-                w1[e] = m1 == -INFINITY ? 0.f : __expf(m1 - mx);
+                w[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - mx);  // both blocks' maxima in base 2
+                w1[e] = m1 == -INFINITY ? 0.f : ex2_approx(m1 - mx);
                 const float den = l_tot[e] * w[e] + l1 * w1[e];
                 f[e] = den > 0.f ? 1.f / den : 0.f;
             }
@@ -488,7 +510,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                 for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * e], o[4 * j + 2 * e + 1]);
                 if (cw == 0 && lane % 4 == 0) {
                     float* ml = ml_part + ((static_cast<size_t>(b) * splits + split) * heads + h) * 2;
-                    ml[0] = m_run[e];
+                    ml[0] = m_run[e] / kLog2e;  // the combine works in base e
                     ml[1] = l_tot[e];
                 }
             }
@@ -507,6 +529,363 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 }  // namespace
 #endif
 
+#if DI_SM90
+namespace {
+
+// Two-split decode with one warpgroup for S (di_attn_decode_sp_c2): warpgroup 1 holds Q's first 384
+// dims in registers (24 A fragments, 96 registers; the last 128 dims stay in shared memory) and for
+// every key tile computes S = Q K^T (wgmma m64n64k16) and the softmax, writing P (bf16) and the
+// tile's max, sum and rescale factor per row into shared memory; warpgroups 2 and 3 each own 256
+// output columns and run O = alpha O + P V on them (wgmma m64n128k16 pairs, shared-memory operands).
+// So S and the softmax of tile t + 1 run while P V of tile t does (only the store of P waits for
+// it), and with most of Q out of shared memory there are three 64 KB key stages (Q arrives by TMA in
+// the third, is taken into registers, then that stage is freed). A key stage is freed half by half:
+// columns 256c.. once warpgroup 2 + c's P V is done (S came before it). Registers: 24 (gather), 168
+// (S), 160 + 160 (P V) a thread: the whole file for 512 threads.
+constexpr int SP_STAGES = 3;
+constexpr int SP_QREG = 24;  // k16 steps whose Q fragments the S warpgroup holds; the other 8 (two chunks) in shared memory
+constexpr int SP_SMEM = 1024 + SP_STAGES * TILE + 2 * CHUNK + HM * 128 + 3 * HM * 4 + 2 * HM * 4 + SP_STAGES * KT * 4 + (4 * SP_STAGES + 2) * 8;
+static_assert(SP_SMEM == 224368, "attention.rs ATTN_SP_SMEM");
+
+template <bool C2>
+__device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__ kv, const int32_t* __restrict__ key_rows,
+                                               const int32_t* __restrict__ key_counts, const float* __restrict__ sink,
+                                               int32_t* __restrict__ status, uint32_t heads, uint32_t max_keys,
+                                               uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs,
+                                               const DiTmaMap& map_out, const DiTmaMap& map_kv, const DiTmaMap& map_q,
+                                               uint32_t tma_runs) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t* qs = base + SP_STAGES * TILE;                        // Q's chunks 6 and 7 (dims 384..511)
+    uint8_t* p_s = qs + 2 * CHUNK;                                // P, 64 x 64 bf16
+    float* stats = reinterpret_cast<float*>(p_s + HM * 128);      // [m, l, alpha][HM] of the last tile
+    float* red = stats + 3 * HM;                                  // [2][HM]: the cluster merge's m, l
+    int32_t* idx = reinterpret_cast<int32_t*>(red + 2 * HM);      // [SP_STAGES][KT] pool rows of each stage
+    uint64_t* full = reinterpret_cast<uint64_t*>(idx + SP_STAGES * KT);  // [stage][half]
+    uint64_t* empty = full + 2 * SP_STAGES;                              // [stage][half]
+    uint64_t* pready = empty + 2 * SP_STAGES;                            // P and the stats of a tile in place
+    uint64_t* pfree = pready + 1;                                        // both P V of that tile done
+    const uint32_t b = blockIdx.x, split = blockIdx.y;
+    if (b >= seqs) return;  // the grid's x is the batch: never taken
+    const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
+    const uint32_t k_begin = min(count, split * tiles_per_split * KT);
+    const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
+    const uint32_t tiles = (k_end - k_begin + KT - 1) / KT;
+    // Tile t goes into stage t % 3 as that stage's fill t / 3 (+1 in stage 2, whose fill 0 is Q).
+    auto fill_of = [](uint32_t t) { return t / SP_STAGES + (t % SP_STAGES == 2); };
+    const int wg = threadIdx.x / 128;
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int r0 = warp * 16 + lane / 4;
+    const int rr[2] = {r0, r0 + 8};
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2 * SP_STAGES; ++i) {
+            mbar_init(&full[i], 129);  // every gather thread's cp.async arrival + thread 0's (rows, bytes)
+            mbar_init(&empty[i], 4);   // lane 0 of each warp of the warpgroup that frees the half
+        }
+        mbar_init(pready, 128);  // every thread of the S warpgroup
+        mbar_init(pfree, 8);     // lane 0 of each P V warp
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        setmaxnreg_dec<24>();
+        const uint32_t t = threadIdx.x;
+        if (t == 0) {
+            tma_prefetch_map(&map_kv);
+            // Q into stage 2, each half on its own barrier: eight boxes of 64 heads x 128 bytes.
+            for (int h = 0; h < 2; ++h) {
+                mbar_arrive_expect_tx(&full[2 * 2 + h], TILE / 2);
+                for (int c = 4 * h; c < 4 * h + 4; ++c)
+                    tma_load_3d(c < 6 ? base + 2 * TILE + c * CHUNK : qs + (c - 6) * CHUNK, &map_q, c * 128, 0, b, &full[2 * 2 + h]);
+            }
+        }
+        for (int h = 0; h < 2; ++h) cp_async_arrive_noinc(&full[2 * 2 + h]);
+        const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
+        auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
+        int32_t next = t < KT ? row_of(k_begin + t) : -1;
+        int32_t next0 = t < KT ? row_of(k_begin) : -1;
+        for (uint32_t it = 0; it < tiles; ++it) {
+            const uint32_t s = it % SP_STAGES, f = fill_of(it);
+            uint8_t* dst = base + s * TILE;
+            // Half 0 frees after warpgroup 2's P V of the stage's last tile, which came after the S
+            // warpgroup read that tile's rows: so the rows may be rewritten then.
+            if (f > 0) mbar_wait(&empty[2 * s], (f - 1) & 1);
+            int32_t* ix = idx + s * KT;
+            if (t < KT) ix[t] = next;
+            const bool mine = t >= KT || (next >= 0 && next == next0 + static_cast<int32_t>(t));
+            const bool run = named_barrier_and(2, 128, mine) && tma_runs != 0;
+            const int32_t first = next0;
+            if (t < KT) {
+                next = row_of(k_begin + (it + 1) * KT + t);
+                next0 = row_of(k_begin + (it + 1) * KT);
+            }
+            for (uint32_t h = 0; h < 2; ++h) {
+                uint64_t* bar = &full[2 * s + h];
+                if (h == 1 && f > 0) mbar_wait(&empty[2 * s + 1], (f - 1) & 1);
+                if (t == 0) {
+                    if (run) mbar_expect_tx(bar, TILE / 2);
+                    mbar_arrive(bar);
+                }
+                if (run) {
+                    if (t == 0)
+                        for (uint32_t c = 4 * h; c < 4 * h + 4; ++c) tma_load_2d(dst + c * CHUNK, &map_kv, c * 128, first, bar);
+                } else {
+                    // Half h of each row: 16-byte units 32h..32h+31, a row's 512 bytes by 32 threads.
+                    // (One-row TMA boxes instead, 512 a tile: ten times slower.)
+#pragma unroll 8
+                    for (uint32_t i = 0; i < KT * 32 / 128; ++i) {
+                        const uint32_t j = 4 * i + t / 32, v = 32 * h + t % 32;
+                        const int32_t r = ix[j];
+                        cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+                    }
+                }
+                cp_async_arrive_noinc(bar);
+            }
+        }
+        cp_async_wait_all();
+        if constexpr (C2) {  // every thread of both blocks takes part in the merge's cluster barriers
+            cluster_sync();
+            cluster_sync();
+        }
+        return;
+    }
+
+    const uint32_t base_a = smem_addr(base), p_a = smem_addr(p_s), qs_a = smem_addr(qs);
+    if (wg == 1) {
+        // The S warpgroup: Q as 32 A fragments (ldmatrix from the swizzled chunks), then stage 2 is
+        // free for keys.
+        setmaxnreg_inc<168>();
+        uint32_t qa[SP_QREG][4];
+        mbar_wait(&full[2 * 2], 0);
+        mbar_wait(&full[2 * 2 + 1], 0);
+#pragma unroll
+        for (int kk = 0; kk < SP_QREG; ++kk) {
+            const uint32_t r = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), v = (kk % 4) * 2 + lane / 16;
+            ldmatrix_x4(qa[kk], reinterpret_cast<const __nv_bfloat16*>(base + 2 * TILE + (kk / 4) * CHUNK + r * 128 + ((v ^ (r % 8)) * 16)));
+        }
+        __syncwarp();
+        if (lane == 0) {
+            mbar_arrive(&empty[2 * 2]);
+            mbar_arrive(&empty[2 * 2 + 1]);
+        }
+        float m_run[2], l_tot[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
+            m_run[e] = with_sink ? sink[rr[e]] * kLog2e : -INFINITY;  // base 2, as the softmax
+            l_tot[e] = with_sink ? 1.f : 0.f;
+        }
+        const float scale2 = scale * kLog2e;
+        for (uint32_t t = 0; t < tiles; ++t) {
+            const uint32_t s = t % SP_STAGES, f = fill_of(t);
+            const uint32_t stage_a = base_a + s * TILE;
+            mbar_wait(&full[2 * s], f & 1);
+            mbar_wait(&full[2 * s + 1], f & 1);
+            uint32_t valid = 0;  // which of this thread's 16 key columns are real keys
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (idx[s * KT + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
+            fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
+            float sc[32];
+#pragma unroll
+            for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+            wgmma_fence_regs(sc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < SP_QREG; ++kk)
+                wgmma_rs_bf16<64>(sc, qa[kk], wgmma_desc_sw128(stage_a + (kk / 4) * CHUNK + (kk % 4) * 32));
+#pragma unroll
+            for (int kk = SP_QREG; kk < 32; ++kk)
+                wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(qs_a + (kk / 4 - 6) * CHUNK + (kk % 4) * 32),
+                                     wgmma_desc_sw128(stage_a + (kk / 4) * CHUNK + (kk % 4) * 32), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_regs(sc);
+            // The online softmax in base 2: a masked key is -inf (2^-inf = 0); a row with no key
+            // yet subtracts 0 instead of -inf.
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const bool ok = (valid >> (2 * j + (e & 1))) & 1;
+                    sc[4 * j + e] = ok ? sc[4 * j + e] * scale2 : -INFINITY;
+                    mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
+                }
+            float alpha[2], sum[2] = {0.f, 0.f}, msub[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+                const float m_new = fmaxf(m_run[e], mx[e]);
+                alpha[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - m_new);
+                m_run[e] = m_new;
+                msub[e] = m_new == -INFINITY ? 0.f : m_new;
+            }
+            // The probabilities first (registers), then P and the stats once P V of tile t - 1 is done.
+            uint32_t pb[8][2];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float* v = sc + 4 * j + 2 * e;
+                    const __nv_bfloat162 p2 = __floats2bfloat162_rn(ex2_approx(v[0] - msub[e]), ex2_approx(v[1] - msub[e]));
+                    sum[e] += __low2float(p2) + __high2float(p2);  // the sum of exactly what P V multiplies
+                    pb[j][e] = *reinterpret_cast<const uint32_t*>(&p2);
+                }
+            if (t >= 1) mbar_wait(pfree, (t - 1) & 1);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    *reinterpret_cast<uint32_t*>(p_s + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb[j][e];
+            float* st = stats;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
+                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
+                l_tot[e] = l_tot[e] * alpha[e] + sum[e];
+                if (lane % 4 == 0) {
+                    st[rr[e]] = m_run[e];
+                    st[HM + rr[e]] = l_tot[e];
+                    st[2 * HM + rr[e]] = alpha[e];
+                }
+            }
+            fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
+            mbar_arrive(pready);
+        }
+        if constexpr (C2) {
+            cluster_sync();
+            cluster_sync();
+        }
+        return;
+    }
+
+    // A P V warpgroup: output columns 256cw..256cw + 255.
+    setmaxnreg_inc<160>();
+    const int cw = wg - 2;
+    const uint32_t wt = threadIdx.x % 128;
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    for (uint32_t t = 0; t < tiles; ++t) {
+        const uint32_t s = t % SP_STAGES;
+        const float* st = stats;
+        mbar_wait(pready, t & 1);
+        fence_proxy_async_smem();
+        const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
+        // Only where a row's max moved in this warp (most tiles once the maxima settle).
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                o[4 * j] *= a0;
+                o[4 * j + 1] *= a0;
+                o[4 * j + 2] *= a1;
+                o[4 * j + 3] *= a1;
+            }
+        }
+        wgmma_fence_regs(o);
+        wgmma_fence();
+        // As two m64n128 halves (o[0..63]: columns 256cw..+127, o[64..127] the next 128): an m64n256
+        // instruction needs more registers than a 512-thread block has before setmaxnreg.
+        float(&o_lo)[64] = *reinterpret_cast<float(*)[64]>(o);
+        float(&o_hi)[64] = *reinterpret_cast<float(*)[64]>(o + 64);
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks) {
+            const uint64_t dp = wgmma_desc_sw128(p_a + ks * 32);
+            const uint32_t v_a = base_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128;
+            wgmma_m64n128k16_bf16_bmn(o_lo, dp, wgmma_desc_sw128_mn(v_a, CHUNK), 1);
+            wgmma_m64n128k16_bf16_bmn(o_hi, dp, wgmma_desc_sw128_mn(v_a + 2 * CHUNK, CHUNK), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(o);
+        __syncwarp();
+        if (lane == 0) {
+            mbar_arrive(&empty[2 * s + cw]);
+            mbar_arrive(pfree);
+        }
+    }
+    // The state after the last tile (the sink's, or nothing, without tiles).
+    float m_run[2], l_tot[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
+        m_run[e] = tiles > 0 ? stats[rr[e]] : (with_sink ? sink[rr[e]] * kLog2e : -INFINITY);
+        l_tot[e] = tiles > 0 ? stats[HM + rr[e]] : (with_sink ? 1.f : 0.f);
+    }
+
+    // One split: this warpgroup's columns, normalised. Two: the cluster merge: block r finalises
+    // output columns 256r..256r + 255; warpgroup 2 + (1 - r) sends its unnormalised O into the other
+    // block's stage 0 and its row max and sum into the other block's `red`; warpgroup 2 + r merges.
+    float w[2] = {1.f, 1.f}, w1[2] = {0.f, 0.f}, fin[2];
+    uint32_t col_half = cw;
+    if constexpr (C2) {
+        const uint32_t rank = cluster_ctarank();
+        col_half = rank;
+        cluster_sync();  // both blocks are done with their stages
+        if (cw != static_cast<int>(rank)) {
+            const uint32_t o_remote = mapa_shared(base_a, rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+            if (lane % 4 == 0)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
+                    st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
+                }
+        }
+        cluster_sync();
+        if (cw != static_cast<int>(rank)) return;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
+            const float mx = fmaxf(m_run[e], m1);
+            w[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - mx);  // both blocks' maxima in base 2
+            w1[e] = m1 == -INFINITY ? 0.f : ex2_approx(m1 - mx);
+            const float den = l_tot[e] * w[e] + l1 * w1[e];
+            fin[e] = den > 0.f ? 1.f / den : 0.f;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) fin[e] = l_tot[e] > 0.f ? 1.f / l_tot[e] : 0.f;
+    }
+    const float4* other = reinterpret_cast<const float4*>(base);
+    // Staging of the bf16 outputs, four 64-row x 64-column boxes: stage 1 (two splits: stage 0 holds
+    // the other block's O), or this warpgroup's half of stage 1 + cw's... any stage is free now.
+    uint8_t* stage = base + (C2 ? TILE : (1 + cw) * TILE);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        float a0 = o[4 * i] * w[0], a1 = o[4 * i + 1] * w[0], b0 = o[4 * i + 2] * w[1], b1 = o[4 * i + 3] * w[1];
+        if constexpr (C2) {
+            const float4 v = other[i * 128 + wt];
+            a0 += v.x * w1[0];
+            a1 += v.y * w1[0];
+            b0 += v.z * w1[1];
+            b1 += v.w * w1[1];
+        }
+        *reinterpret_cast<__nv_bfloat162*>(stage + (i / 8) * 8192 + rr[0] * 128 + (((i % 8) ^ (rr[0] % 8)) * 16) + (lane % 4) * 4) =
+            __floats2bfloat162_rn(a0 * fin[0], a1 * fin[0]);
+        *reinterpret_cast<__nv_bfloat162*>(stage + (i / 8) * 8192 + rr[1] * 128 + (((i % 8) ^ (rr[1] % 8)) * 16) + (lane % 4) * 4) =
+            __floats2bfloat162_rn(b0 * fin[1], b1 * fin[1]);
+    }
+    fence_proxy_async_smem();  // the staging writes before the TMA engine reads them
+    named_barrier(3 + cw, 128);
+    if (wt == 0) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            tma_store_3d(&map_out, stage + c * 8192, static_cast<int32_t>(2 * col_half * 256 + 128 * c), 0, static_cast<int32_t>(b));
+        bulk_commit();
+        bulk_wait();
+    }
+}
+
+}  // namespace
+#endif
+
 #define DI_ATTN_WG_PARAMS                                                                                              \
     const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ kv, const int32_t *__restrict__ key_rows,  \
         const int32_t *__restrict__ key_counts, const float *__restrict__ sink, __nv_bfloat16 *__restrict__ out,       \
@@ -517,6 +896,9 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #define DI_ATTN_WG_ARGS                                                                                          \
     q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, \
         scale, seqs, map_out, map_kv, map_q, tma_runs
+#define DI_ATTN_SP_ARGS                                                                                            \
+    kv, key_rows, key_counts, sink, status, heads, max_keys, pool_rows, tiles_per_split, scale, seqs, map_out, map_kv, \
+        map_q, tma_runs
 
 // Any number of splits (several: fp32 partials merged by di_attn_decode_combine).
 extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1) di_attn_decode_wg(DI_ATTN_WG_PARAMS) {
@@ -532,6 +914,26 @@ extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(DI_ATTN_W
     di_attn_decode_wg_c2(DI_ATTN_WG_PARAMS) {
 #if DI_SM90
     attn_decode_wg<true>(DI_ATTN_WG_ARGS);
+#else
+    __trap();
+#endif
+}
+
+// Exactly two splits with one S warpgroup and two P V warpgroups (attn_decode_sp), launched as
+// clusters of two blocks along y over a grid whose x is the batch; writes out directly.
+extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(SP_THREADS_HOST, 1)
+    di_attn_decode_sp_c2(DI_ATTN_WG_PARAMS) {
+#if DI_SM90
+    attn_decode_sp<true>(DI_ATTN_SP_ARGS);
+#else
+    __trap();
+#endif
+}
+
+// One split (a block per sequence, the grid's x the batch) with attn_decode_sp's warpgroups: no merge.
+extern "C" __global__ void __launch_bounds__(SP_THREADS_HOST, 1) di_attn_decode_sp(DI_ATTN_WG_PARAMS) {
+#if DI_SM90
+    attn_decode_sp<false>(DI_ATTN_SP_ARGS);
 #else
     __trap();
 #endif

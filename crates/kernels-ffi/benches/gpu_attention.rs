@@ -11,7 +11,7 @@
 //! launches, median of 20 batches.
 
 use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, set_tma_runs, set_wgmma, DecodeAttnShape,
+    attention_decode, cuda_kernel, decode_splits, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::testing::{
     cuda_device_or_skip, paged_key_rows, rel_err, switch_kernels, BenchOnly, SplitMix,
@@ -75,8 +75,12 @@ fn main() {
             // Paged lists on the Hopper kernel: with the page tiles by TMA (the default) and gathered
             // row by row ("/gather").
             let variants: &[bool] = if paged && wgmma { &[true, false] } else { &[true] };
-            for &tma in variants {
+            // Two splits on sm_90: the S-warpgroup cluster kernel (the default) and the turn-taking one.
+            let kernels: &[bool] = if kernel.starts_with("di_attn_decode_sp") { &[true, false] } else { &[true] };
+            for (&tma, &s_wg) in variants.iter().flat_map(|t| kernels.iter().map(move |d| (t, d))) {
                 set_tma_runs(tma);
+                set_s_warpgroup(s_wg);
+                let kernel = cuda_kernel(&s, shape).unwrap_or_default();
                 let kernel = if tma { kernel.to_string() } else { format!("{kernel}/gather") };
                 attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
                 // Check sequence 0 against the CPU.
@@ -165,6 +169,7 @@ fn main() {
                 );
             }
             set_tma_runs(true);
+            set_s_warpgroup(true);
         }
         set_wgmma(true);
         drop(pools);

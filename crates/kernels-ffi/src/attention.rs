@@ -46,12 +46,32 @@ pub fn tma_runs() -> bool {
     TMA_RUNS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static S_WARPGROUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether decode on the Hopper kernel may give S and the softmax of every key tile to one
+/// warpgroup holding Q in registers, with two more for P V and three key stages
+/// (`di_attn_decode_sp` for one split, `di_attn_decode_sp_c2` for two long ones: the default), or
+/// always lets two math warpgroups take turns per tile (`di_attn_decode_wg`, `di_attn_decode_wg_c2`):
+/// a process-wide switch for A/B benchmarks and for testing both; results agree within the
+/// attention tolerance either way.
+pub fn set_s_warpgroup(on: bool) {
+    S_WARPGROUP.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_s_warpgroup`] sets.
+pub fn s_warpgroup() -> bool {
+    S_WARPGROUP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape`; `None` on the CPU or
 /// without the CUDA backend.
 pub fn cuda_kernel(stream: &Stream, shape: DecodeAttnShape) -> Option<&'static str> {
     match stream.device() {
         #[cfg(feature = "cuda")]
-        crate::device::Device::Cuda(_) => Some(crate::cuda::attention::decode_kernel(stream, decode_splits(shape).0).1),
+        crate::device::Device::Cuda(_) => {
+            let (splits, per) = decode_splits(shape);
+            Some(crate::cuda::attention::decode_kernel(stream, splits, per, shape.batch).1)
+        }
         _ => {
             let _ = shape;
             None

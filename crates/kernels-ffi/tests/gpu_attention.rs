@@ -8,7 +8,7 @@
 //! output is rounded to bf16 on both sides.
 
 use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, set_tma_runs, set_wgmma, DecodeAttnShape,
+    attention_decode, cuda_kernel, decode_splits, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::testing::{
     cuda_device_or_skip, fresh_seed, paged_key_rows, rel_err, switch_kernels, SplitMix,
@@ -73,8 +73,12 @@ fn gpu_attention_decode_matches_cpu() {
         (2, 64, 1152, true, 16.0),
         (64, 64, 640, true, 8.0),
         (7, 40, 33, false, 1.0),
-        // Two splits (the cluster kernel on sm_90) with fewer heads and ragged lengths.
+        // Two splits (the cluster kernels on sm_90) with fewer heads and ragged lengths: three
+        // tiles a split (the turn-taking kernel) and four (the S-warpgroup one, and the other).
         (50, 40, 300, false, 2.0),
+        (50, 40, 500, false, 2.0),
+        // One split, a block per sequence (the S-warpgroup kernel on sm_90), ragged over five tiles.
+        (100, 48, 300, false, 4.0),
         // More sequences than SMs with one split: the persistent wgmma kernel's blocks loop over
         // sequences (ragged, many with no keys at all when there are at most 3).
         (200, 64, 130, false, 4.0),
@@ -87,6 +91,12 @@ fn gpu_attention_decode_matches_cpu() {
         for (wgmma, kernel) in switch_kernels(set_wgmma, || cuda_kernel(&gpu, c0.shape)) {
             set_wgmma(wgmma);
             check_decode(&gpu, &cpu, kernel, &c0);
+            // On sm_90 with one or two splits: the turn-taking kernel too.
+            if kernel.starts_with("di_attn_decode_sp") {
+                set_s_warpgroup(false);
+                check_decode(&gpu, &cpu, cuda_kernel(&gpu, c0.shape).unwrap_or_default(), &c0);
+                set_s_warpgroup(true);
+            }
         }
         set_wgmma(true);
     }
@@ -110,21 +120,29 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
         let max_keys = 128 + 64 * pages;
         let mut c = case(&mut rng, batch, heads, max_keys, full, 8.0);
         c.rows = paged_key_rows(&mut rng, batch, max_keys, c.kv.len() / 512);
-        let kernel = cuda_kernel(&gpu, c.shape).unwrap_or_default();
         let (want, _) = run(&cpu, &c);
-        set_tma_runs(false);
-        let (gathered, _) = run(&gpu, &c);
-        set_tma_runs(true);
-        let (paged, bad) = run(&gpu, &c);
-        assert!(!bad, "a row was reported outside the pool");
-        let (rel, max) = rel_err(&paged, &want);
-        println!("parity attention_decode {kernel} paged batch={batch} heads={heads} keys<={max_keys}: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})");
-        assert!(rel < TOL, "paged batch={batch}: rel_err {rel:e}");
-        assert_eq!(
-            paged.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            gathered.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "pages by TMA differ from the same rows gathered"
-        );
+        // Two splits on sm_90: the S-warpgroup cluster kernel (the default) and the turn-taking one.
+        for s_wg in [true, false] {
+            set_s_warpgroup(s_wg);
+            let kernel = cuda_kernel(&gpu, c.shape).unwrap_or_default();
+            set_tma_runs(false);
+            let (gathered, _) = run(&gpu, &c);
+            set_tma_runs(true);
+            let (paged, bad) = run(&gpu, &c);
+            assert!(!bad, "a row was reported outside the pool");
+            let (rel, max) = rel_err(&paged, &want);
+            println!("parity attention_decode {kernel} paged batch={batch} heads={heads} keys<={max_keys}: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})");
+            assert!(rel < TOL, "paged batch={batch}: rel_err {rel:e}");
+            assert_eq!(
+                paged.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                gathered.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "pages by TMA differ from the same rows gathered"
+            );
+            if !kernel.starts_with("di_attn_decode_sp") {
+                break; // one split or several: no second kernel to compare
+            }
+        }
+        set_s_warpgroup(true);
     }
 }
 

@@ -21,13 +21,32 @@ const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 
 /// tiles, eight mbarriers.
 const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4 + 8 * 8;
 
-/// The kernel `attention_decode` launches on this GPU for `splits` key splits: the Hopper
-/// warpgroup-MMA kernel on sm_90 (unless switched off by [`crate::attention::set_wgmma`]), as
-/// clusters of two blocks that merge in shared memory when there are exactly two splits; the
-/// mma.sync kernel elsewhere.
-pub(crate) fn decode_kernel(stream: &Stream, splits: u32) -> (&'static str, &'static str) {
-    match (backend(stream).is_sm90() && crate::attention::wgmma(), splits) {
+/// Dynamic shared memory of di_attn_decode_sp_c2 (its static_assert in attention_sm90.cu): 1024
+/// bytes of alignment slack, three key stages (64 KB each), Q's last 128 dims (16 KB), P (8 KB), the
+/// max, sum and rescale factor per row, the cluster merge's max and sum per row, the key rows of
+/// three tiles, fourteen mbarriers.
+const ATTN_SP_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 8192 + 3 * 64 * 4 + 2 * 64 * 4 + 3 * 64 * 4 + 14 * 8;
+
+/// Key tiles a split needs before two-split decode takes the S-warpgroup cluster kernel: with fewer,
+/// its prologue (Q into registers) outweighs what it saves (H200, batch 64: 0.303 / 0.283 of the
+/// floor against 0.309 / 0.293 for two and one tiles, 0.446 / 0.575 against 0.442 / 0.561 for five
+/// and nine; `benches/results/2026-12-01-attention-s-warpgroup`).
+const SP_C2_MIN_TILES: u32 = 4;
+
+/// The kernel `attention_decode` launches on this GPU for `batch` sequences in `splits` key splits
+/// of `per` tiles: on sm_90 (unless switched off by [`crate::attention::set_wgmma`]) the
+/// warpgroup-MMA kernels: the S-warpgroup ones (unless switched off by
+/// [`crate::attention::set_s_warpgroup`]) for one split with a block per sequence, and for two
+/// splits of [`SP_C2_MIN_TILES`] tiles or more (clusters of two blocks that merge in shared memory),
+/// else the turn-taking ones (two splits as clusters; the persistent one for more sequences than
+/// SMs; fp32 partials and a combine for more splits); the mma.sync kernel elsewhere.
+pub(crate) fn decode_kernel(stream: &Stream, splits: u32, per: u32, batch: u32) -> (&'static str, &'static str) {
+    let be = backend(stream);
+    let sp = crate::attention::s_warpgroup();
+    match (be.is_sm90() && crate::attention::wgmma(), splits) {
+        (true, 2) if sp && per >= SP_C2_MIN_TILES => ("attention_sm90", "di_attn_decode_sp_c2"),
         (true, 2) => ("attention_sm90", "di_attn_decode_wg_c2"),
+        (true, 1) if sp && batch <= be.sm_count() => ("attention_sm90", "di_attn_decode_sp"),
         (true, _) => ("attention_sm90", "di_attn_decode_wg"),
         _ => ("attention", "di_attn_decode"),
     }
@@ -49,10 +68,14 @@ pub(crate) fn attention_decode(
     let s = stream.cuda_stream("attention_decode", "q")?;
     let be = backend(stream);
     let (splits, per) = decode_splits(shape);
-    let (module, kernel) = decode_kernel(stream, splits);
-    let (threads, smem) = if module == "attention_sm90" { (384, ATTN_WG_SMEM) } else { (256, ATTN_SMEM_BYTES) };
-    // The cluster kernel merges its two splits itself.
-    let merged = kernel == "di_attn_decode_wg_c2";
+    let (module, kernel) = decode_kernel(stream, splits, per, shape.batch);
+    let (threads, smem) = match kernel {
+        "di_attn_decode_sp_c2" | "di_attn_decode_sp" => (512, ATTN_SP_SMEM),
+        _ if module == "attention_sm90" => (384, ATTN_WG_SMEM),
+        _ => (256, ATTN_SMEM_BYTES),
+    };
+    // The cluster kernels merge their two splits themselves.
+    let merged = kernel.ends_with("_c2");
     let f = be.function_with_smem(module, kernel, smem)?;
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
     let pool_rows = u32::try_from(kv.len() / d)
@@ -99,9 +122,9 @@ pub(crate) fn attention_decode(
     if let Some((map_q, map_out, map_kv)) = &maps {
         l.arg(&shape.batch).arg(map_out).arg(map_kv).arg(map_q).arg(&tma_runs);
     }
-    // SAFETY: matches di_attn_decode, di_attn_decode_wg and di_attn_decode_wg_c2 (q, kv, key_rows,
+    // SAFETY: matches di_attn_decode, di_attn_decode_wg, di_attn_decode_wg_c2 and di_attn_decode_sp_c2 (q, kv, key_rows,
     // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
-    // scale, and for the two wgmma kernels seqs = batch, which the grid's x covers once (c2, splits)
+    // scale, and for the wgmma kernels seqs = batch, which the grid's x covers once (the c2 kernels)
     // or in a grid-stride loop, map_out, out's [batch, heads, 1024] bytes, map_kv, kv's [pool_rows,
     // 1024] bytes, map_q, q's [batch, heads, 1024] bytes, and the tma_runs flag; the partials are
     // null where no combine follows and then never written); the op checked
