@@ -854,9 +854,11 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
         for (int e = 0; e < 2; ++e) fin[e] = l_tot[e] > 0.f ? 1.f / l_tot[e] : 0.f;
     }
     const float4* other = reinterpret_cast<const float4*>(base);
-    // Staging of the bf16 outputs, four 64-row x 64-column boxes: stage 1 (two splits: stage 0 holds
-    // the other block's O), or this warpgroup's half of stage 1 + cw's... any stage is free now.
-    uint8_t* stage = base + (C2 ? TILE : (1 + cw) * TILE);
+    // Staging of the bf16 outputs, four 64-row x 64-column boxes: this warpgroup's own half of stage
+    // 1 (chunks 4cw..4cw + 3), which no one reads any more once its last P V is done; with one split
+    // the other warpgroup's last P V may still be reading its half of the last tile's stage (two
+    // splits: every P V is done, and stage 0 holds the other block's O).
+    uint8_t* stage = base + TILE + cw * 4 * CHUNK;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
         float a0 = o[4 * i] * w[0], a1 = o[4 * i + 1] * w[0], b0 = o[4 * i + 2] * w[1], b1 = o[4 * i + 3] * w[1];
