@@ -105,6 +105,210 @@ __device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
     return (v / 8) * CHUNK + r * 128 + (((v % 8) ^ (r % 8)) * 16);
 }
 
+
+// The online softmax of a 64-key tile held as a wgmma m64n64 accumulator (a thread's rows rr[e],
+// its 16 key columns; `valid` says which are real keys), in base 2. tile_max masks and scales sc in
+// place (a masked key is -inf), moves the running max m_run and gives each row's rescale factor
+// alpha and what its probabilities subtract (msub: a row with no key yet, no sink either, subtracts
+// 0 instead of -inf, and all its keys are -inf, so 2^-inf = 0).
+__device__ __forceinline__ void tile_max(float (&sc)[32], uint32_t valid, float scale2, float (&m_run)[2], float (&alpha)[2],
+                                         float (&msub)[2]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool ok = (valid >> (2 * j + (e & 1))) & 1;
+            sc[4 * j + e] = ok ? sc[4 * j + e] * scale2 : -INFINITY;
+            mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
+        }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+        const float m_new = fmaxf(m_run[e], mx[e]);
+        alpha[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - m_new);
+        m_run[e] = m_new;
+        msub[e] = m_new == -INFINITY ? 0.f : m_new;
+    }
+}
+
+// The tile's probabilities rounded to bf16 (key columns 8j + 2 (lane % 4) and + 1 of row rr[e] in
+// pb[j][e]) and each row's sum over the tile of exactly those rounded values (what P V multiplies).
+__device__ __forceinline__ void tile_probs(const float (&sc)[32], const float (&msub)[2], uint32_t (&pb)[8][2], float (&sum)[2]) {
+    sum[0] = sum[1] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float* v = sc + 4 * j + 2 * e;
+            const __nv_bfloat162 p2 = __floats2bfloat162_rn(ex2_approx(v[0] - msub[e]), ex2_approx(v[1] - msub[e]));
+            sum[e] += __low2float(p2) + __high2float(p2);
+            pb[j][e] = *reinterpret_cast<const uint32_t*>(&p2);
+        }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
+    }
+}
+
+// P (pb of tile_probs) into a 64 x 64 bf16 tile at pt in the 128-byte swizzle, as wgmma reads it.
+__device__ __forceinline__ void store_p(uint8_t* pt, const uint32_t (&pb)[8][2], const int (&rr)[2], int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) *reinterpret_cast<uint32_t*>(pt + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb[j][e];
+}
+
+// The running sum after a tile (l = l alpha + the tile's sum) and, from the first thread of each
+// row's four, the row's max, sum and rescale factor into the stats at st ([m, l, alpha][HM]).
+__device__ __forceinline__ void tile_stats(float* st, float (&l_tot)[2], const float (&m_run)[2], const float (&alpha)[2],
+                                           const float (&sum)[2], const int (&rr)[2], int lane) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        l_tot[e] = l_tot[e] * alpha[e] + sum[e];
+        if (lane % 4 == 0) {
+            st[rr[e]] = m_run[e];
+            st[HM + rr[e]] = l_tot[e];
+            st[2 * HM + rr[e]] = alpha[e];
+        }
+    }
+}
+
+// The gather warpgroup's thread t publishes the pool row of key t of the next tile in ix (threads
+// 0-63; -1: no key) and all 128 agree (barrier 2) whether the tile's 64 rows are one run of
+// consecutive pool rows (a page of a paged cache), which then loads by TMA when tma_runs is set.
+__device__ __forceinline__ bool publish_rows(int32_t* ix, uint32_t t, int32_t next, int32_t next0, uint32_t tma_runs) {
+    if (t < KT) ix[t] = next;
+    const bool mine = t >= KT || (next >= 0 && next == next0 + static_cast<int32_t>(t));
+    return named_barrier_and(2, 128, mine) && tma_runs != 0;
+}
+
+// Column chunks c0..c0 + NC - 1 (64 bf16 each) of a key tile into dst (the 128-byte-swizzled tile
+// layout), signalled on bar: a run of pool rows starting at `first` as NC TMA boxes of 64 rows x 128
+// bytes issued by thread 0 (the bytes counted on bar), any other tile row by row, 8 NC consecutive
+// threads a row's 16-byte pieces by cp.async (a row with no key: zeros); every gather thread's
+// cp.async arrival plus thread 0's plain one complete bar.
+template <int NC>
+__device__ __forceinline__ void load_tile_chunks(uint8_t* dst, uint64_t* bar, const int32_t* ix, bool run, int32_t first,
+                                                 uint32_t t, uint32_t c0, const __nv_bfloat16* __restrict__ kv,
+                                                 const DiTmaMap& map_kv) {
+    if (t == 0) {
+        if (run) mbar_expect_tx(bar, NC * CHUNK);
+        mbar_arrive(bar);
+    }
+    if (run) {
+        if (t == 0)
+            for (uint32_t c = c0; c < c0 + NC; ++c) tma_load_2d(dst + c * CHUNK, &map_kv, c * 128, first, bar);
+    } else {
+        constexpr uint32_t U = 8 * NC;  // 16-byte units of a row this call copies
+#pragma unroll 8
+        for (uint32_t i = 0; i < KT * U / 128; ++i) {
+            const uint32_t j = (128 / U) * i + t / U, v = 8 * c0 + t % U;
+            const int32_t r = ix[j];
+            cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+        }
+    }
+    cp_async_arrive_noinc(bar);
+}
+
+// A math warpgroup's 64 rows x 256 output columns (O in the m64n256 accumulator layout) times fin
+// per row, as bf16, to out[b, :, col0..col0 + 256): staged at `stage` as four 64-row x 64-column
+// boxes in the 128-byte swizzle (conflict-free), then four TMA stores by the warpgroup's first
+// thread (rows past the head count are not written: map_out), which returns true: its stores read
+// the staging later (bulk_wait_read before the stage is reused or the block ends).
+__device__ __forceinline__ bool store_out(uint8_t* stage, const float (&o)[128], const float (&fin)[2], uint32_t col0, uint32_t b,
+                                          const DiTmaMap& map_out, const int (&rr)[2], int lane, uint32_t wt, int cw) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const uint32_t at = (j / 8) * 8192 + rr[e] * 128 + (((j % 8) ^ (rr[e] % 8)) * 16) + (lane % 4) * 4;
+            *reinterpret_cast<__nv_bfloat162*>(stage + at) = __floats2bfloat162_rn(o[4 * j + 2 * e] * fin[e], o[4 * j + 2 * e + 1] * fin[e]);
+        }
+    fence_proxy_async_smem();  // the staging writes before the TMA engine reads them
+    named_barrier(3 + cw, 128);
+    if (wt != 0) return false;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) tma_store_3d(&map_out, stage + c * 8192, static_cast<int32_t>(2 * col0 + 128 * c), 0, static_cast<int32_t>(b));
+    bulk_commit();
+    return true;
+}
+
+// Two splits as a cluster of two blocks: block r finalises output columns 256r..256r + 255. Math
+// warpgroup cw != r of each block sends its unnormalised O (float4 i of thread wt at
+// (i * 128 + wt) * 16: conflict-free) into the other block's buffer xo (a free 64 KB stage) and its
+// row max and sum (base 2) into the other block's `red`, and returns false; warpgroup r merges them
+// into its O, out = (o 2^(m - M) + v 2^(m1 - M)) / (l 2^(m - M) + l1 2^(m1 - M)) with M = max(m, m1),
+// and returns true with the 1 / denominator per row in fin. Both cluster barriers need every thread
+// of both blocks (the other warpgroups call cluster_sync twice); the first waits until both blocks
+// are done with their stages.
+__device__ __forceinline__ bool c2_merge(float (&o)[128], const float (&m_run)[2], const float (&l_tot)[2], int cw, uint32_t wt,
+                                         int lane, const int (&rr)[2], uint8_t* xo, float* red, float (&fin)[2]) {
+    const uint32_t rank = cluster_ctarank();
+    cluster_sync();
+    if (cw != static_cast<int>(rank)) {
+        const uint32_t o_remote = mapa_shared(smem_addr(xo), rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+        if (lane % 4 == 0)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
+                st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
+            }
+    }
+    cluster_sync();
+    if (cw != static_cast<int>(rank)) return false;
+    float w[2], w1[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
+        const float mx = fmaxf(m_run[e], m1);
+        w[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - mx);
+        w1[e] = m1 == -INFINITY ? 0.f : ex2_approx(m1 - mx);
+        const float den = l_tot[e] * w[e] + l1 * w1[e];
+        fin[e] = den > 0.f ? 1.f / den : 0.f;
+    }
+    const float4* other = reinterpret_cast<const float4*>(xo);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        const float4 v = other[i * 128 + wt];
+        o[4 * i] = o[4 * i] * w[0] + v.x * w1[0];
+        o[4 * i + 1] = o[4 * i + 1] * w[0] + v.y * w1[0];
+        o[4 * i + 2] = o[4 * i + 2] * w[1] + v.z * w1[1];
+        o[4 * i + 3] = o[4 * i + 3] * w[1] + v.w * w1[1];
+    }
+    return true;
+}
+
+// O times the rescale factor alpha of its rows (the stats at st), only in a warp where some row's
+// max moved (most tiles once the maxima settle).
+__device__ __forceinline__ void rescale_o(float (&o)[128], const float* st, const int (&rr)[2]) {
+    const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
+    if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            o[4 * j] *= a0;
+            o[4 * j + 1] *= a0;
+            o[4 * j + 2] *= a1;
+            o[4 * j + 3] *= a1;
+        }
+    }
+}
+
+// The running max (base 2) and sum of rows rr before any key: split 0 counts the sink as a key of
+// value zero (weight 2^(sink log2 e - m) = 1 at m = the sink's), other splits start empty.
+__device__ __forceinline__ void sink_state(bool split0, const int (&rr)[2], uint32_t heads, const float* __restrict__ sink,
+                                           float (&m_run)[2], float (&l_tot)[2]) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const bool with_sink = split0 && rr[e] < static_cast<int>(heads);
+        m_run[e] = with_sink ? sink[rr[e]] * kLog2e : -INFINITY;
+        l_tot[e] = with_sink ? 1.f : 0.f;
+    }
+}
 }  // namespace
 #endif
 
@@ -207,35 +411,15 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                     mbar_wait(q_free, (qi - 1) & 1);
                 else
                     wait_empty(s);
-                int32_t* ix = idx + s * KT;
-                if (t < KT) ix[t] = next;
-                // A tile of 64 consecutive pool rows (a page of a paged cache) loads by TMA: eight
-                // 64-row x 128-byte boxes in the same swizzled layout, one thread, the bytes counted
-                // on full[s]; any other tile is gathered row by row.
-                const bool mine = t >= KT || (next >= 0 && next == next0 + static_cast<int32_t>(t));
-                const bool run = named_barrier_and(2, 128, mine) && tma_runs != 0;
+                // A tile of 64 consecutive pool rows (a page of a paged cache) loads by TMA, any
+                // other row by row (load_tile_chunks).
+                const bool run = publish_rows(idx + s * KT, t, next, next0, tma_runs);
                 const int32_t first = next0;
-                if (t == 0) {
-                    if (run) mbar_expect_tx(&full[s], TILE);
-                    mbar_arrive(&full[s]);
-                }
                 if (t < KT) {
                     next = row_of(k_begin + (it + 1) * KT + t);
                     next0 = row_of(k_begin + (it + 1) * KT);
                 }
-                uint8_t* dst = base + bufs.stage(s) * TILE;
-                if (run) {
-                    if (t == 0)
-                        for (int c = 0; c < D / 64; ++c) tma_load_2d(dst + c * CHUNK, &map_kv, c * 128, first, &full[s]);
-                } else {
-#pragma unroll 8
-                    for (uint32_t i = 0; i < KT * 64 / 128; ++i) {
-                        const uint32_t j = 2 * i + t / 64, v = t % 64;
-                        const int32_t r = ix[j];
-                        cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
-                    }
-                }
-                cp_async_arrive_noinc(&full[s]);
+                load_tile_chunks<D / 64>(base + bufs.stage(s) * TILE, &full[s], idx + s * KT, run, first, t, 0, kv, map_kv);
             }
             prev_tiles = tiles;
         }
@@ -255,7 +439,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
     // 8 j + 2 (lane % 4) (+1) in registers 4 j (+1) and 4 j + 2 (+1).
     const int r0 = warp * 16 + lane / 4;
     const int rr[2] = {r0, r0 + 8};
-    const uint32_t base_a = smem_addr(base), k_a = smem_addr(k_s), p_a = smem_addr(p_s);
+    const uint32_t base_a = smem_addr(base), p_a = smem_addr(p_s);
     Bufs bufs;  // as the gather warpgroup rotates them
     uint32_t prev_tiles = 0;
     uint32_t g = 0;  // key tiles of this block so far: stage g % STAGES, owner warpgroup 1 + g % 2
@@ -279,12 +463,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         const uint32_t q_a = base_a + bufs.q * TILE;
         // Running max and sum before the first tile: the sink (split 0) as a key of value zero.
         float m_run[2], l_tot[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
-            m_run[e] = with_sink ? sink[rr[e]] * kLog2e : -INFINITY;  // base 2, as the softmax
-            l_tot[e] = with_sink ? 1.f : 0.f;
-        }
+        sink_state(split == 0, rr, heads, sink, m_run, l_tot);
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -328,47 +507,12 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                         l_tot[e] = prev[HM + rr[e]];
                     }
                 }
-                float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const bool ok = (valid >> (2 * j + (e & 1))) & 1;
-                        sc[4 * j + e] = ok ? sc[4 * j + e] * scale2 : -INFINITY;
-                        mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
-                    }
-                float alpha[2], sum[2] = {0.f, 0.f}, msub[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
-                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-                    const float m_new = fmaxf(m_run[e], mx[e]);
-                    // m_new = -inf only while a row has seen no key and no sink (splits > 0, skipped rows).
-                    alpha[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - m_new);
-                    m_run[e] = m_new;
-                    msub[e] = m_new == -INFINITY ? 0.f : m_new;  // a masked key is -inf: 2^-inf = 0
-                }
-                uint8_t* pt = p_s + (g % 2) * HM * 128;
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float* v = sc + 4 * j + 2 * e;
-                        const __nv_bfloat162 pb = __floats2bfloat162_rn(ex2_approx(v[0] - msub[e]), ex2_approx(v[1] - msub[e]));
-                        sum[e] += __low2float(pb) + __high2float(pb);  // the sum of exactly what P V multiplies
-                        *reinterpret_cast<__nv_bfloat162*>(pt + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb;
-                    }
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
-                    sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
-                    l_tot[e] = l_tot[e] * alpha[e] + sum[e];
-                    if (lane % 4 == 0) {
-                        st[rr[e]] = m_run[e];
-                        st[HM + rr[e]] = l_tot[e];
-                        st[2 * HM + rr[e]] = alpha[e];
-                    }
-                }
+                float alpha[2], msub[2], sum[2];
+                uint32_t pb[8][2];
+                tile_max(sc, valid, scale2, m_run, alpha, msub);
+                tile_probs(sc, msub, pb, sum);
+                store_p(p_s + (g % 2) * HM * 128, pb, rr, lane);
+                tile_stats(st, l_tot, m_run, alpha, sum, rr, lane);
                 fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
                 mbar_arrive(&pready[g % 2]);
             }
@@ -376,17 +520,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             release();
             mbar_wait(&pready[g % 2], (g / 2) & 1);
             fence_proxy_async_smem();
-            const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
-            // Only where a row's max moved in this warp (most tiles once the maxima settle).
-            if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
-#pragma unroll
-                for (int j = 0; j < 32; ++j) {
-                    o[4 * j] *= a0;
-                    o[4 * j + 1] *= a0;
-                    o[4 * j + 2] *= a1;
-                    o[4 * j + 3] *= a1;
-                }
-            }
+            rescale_o(o, st, rr);
             wgmma_fence_regs(o);
             wgmma_fence();
 #pragma unroll
@@ -415,80 +549,19 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         const uint32_t c0 = cw * 256 + 2 * (lane % 4);
         const uint32_t wt = threadIdx.x % 128;  // this thread in its warpgroup
 
-        // This warpgroup's 64 rows x 256 columns, scaled per row, to out[b, :, col0..col0 + 256) as
-        // bf16: staged in shared memory as four 64-row x 64-column boxes in the 128-byte swizzle
-        // (conflict-free), then four TMA stores by the warpgroup's first thread (rows past `heads`
-        // are not written), which waits only until they have read the staging.
-        bool stored = false;  // this thread has output stores in flight from the last tile's stage
-        auto store_out = [&](uint8_t* stage, const float(&f)[2], uint32_t col0) {
-#pragma unroll
-            for (int j = 0; j < 32; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const uint32_t at = (j / 8) * 8192 + rr[e] * 128 + (((j % 8) ^ (rr[e] % 8)) * 16) + (lane % 4) * 4;
-                    *reinterpret_cast<__nv_bfloat162*>(stage + at) =
-                        __floats2bfloat162_rn(o[4 * j + 2 * e] * f[e], o[4 * j + 2 * e + 1] * f[e]);
-                }
-            fence_proxy_async_smem();  // the staging writes before the TMA engine reads them
-            named_barrier(3 + cw, 128);
-            if (wt == 0) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c)
-                    tma_store_3d(&map_out, stage + c * 8192, static_cast<int32_t>(2 * col0 + 128 * c), 0,
-                                 static_cast<int32_t>(b));
-                bulk_commit();
-                stored = true;  // the stage is given back once they have read it (release)
-            }
-        };
-
+        bool stored = false;  // this thread has output stores in flight from a stage (store_out)
         if constexpr (C2) {
-            // Block r finalises output columns 256r..256r + 255: warpgroup 1 - r of each block sends its
-            // unnormalised O (float4 i of thread wt at (i * 128 + wt) * 16: conflict-free) into the
-            // other block's first key stage and its row max and sum into the other block's maxima
-            // area; warpgroup r merges the two and writes its columns.
-            const uint32_t rank = cluster_ctarank();
-            cluster_sync();  // both blocks are done with their key stages and maxima
-            if (cw != static_cast<int>(rank)) {
-                const uint32_t o_remote = mapa_shared(k_a, rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
-#pragma unroll
-                for (int i = 0; i < 32; ++i)
-                    st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
-                if (lane % 4 == 0)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
-                        st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
-                    }
-            }
-            cluster_sync();
-            if (cw != static_cast<int>(rank)) return;
-            // out = (o e^(m - M) + v e^(m1 - M)) / (l e^(m - M) + l1 e^(m1 - M)), M = max(m, m1).
-            float w[2], w1[2], f[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
-                const float mx = fmaxf(m_run[e], m1);
-                w[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - mx);  // both blocks' maxima in base 2
-                w1[e] = m1 == -INFINITY ? 0.f : ex2_approx(m1 - mx);
-                const float den = l_tot[e] * w[e] + l1 * w1[e];
-                f[e] = den > 0.f ? 1.f / den : 0.f;
-            }
-            const float4* other = reinterpret_cast<const float4*>(k_s);
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-                const float4 v = other[i * 128 + wt];
-                o[4 * i] = o[4 * i] * w[0] + v.x * w1[0];
-                o[4 * i + 1] = o[4 * i + 1] * w[0] + v.y * w1[0];
-                o[4 * i + 2] = o[4 * i + 2] * w[1] + v.z * w1[1];
-                o[4 * i + 3] = o[4 * i + 3] * w[1] + v.w * w1[1];
-            }
-            store_out(k_s + TILE, f, rank * 256);
+            // The other block's O arrives in this block's first key stage; the outputs leave through
+            // the second.
+            float f[2];
+            if (!c2_merge(o, m_run, l_tot, cw, wt, lane, rr, k_s, red, f)) return;
+            stored = store_out(k_s + TILE, o, f, cluster_ctarank() * 256, b, map_out, rr, lane, wt, cw);
         } else if (splits == 1) {
             const float f[2] = {l_tot[0] > 0.f ? 1.f / l_tot[0] : 0.f, l_tot[1] > 0.f ? 1.f / l_tot[1] : 0.f};
             if (tiles > 0) {
                 // Through the last tile's stage: this warpgroup's half of it holds the V columns only
                 // its own P V read.
-                store_out(base + bufs.stage((g - 1) % STAGES) * TILE + cw * HM * 512, f, cw * 256);
+                stored = store_out(base + bufs.stage((g - 1) % STAGES) * TILE + cw * HM * 512, o, f, cw * 256, b, map_out, rr, lane, wt, cw);
             } else {
                 // No keys (no stage of this sequence): zeros (or the sink's) straight from registers.
 #pragma unroll
@@ -611,36 +684,17 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             // Half 0 frees after warpgroup 2's P V of the stage's last tile, which came after the S
             // warpgroup read that tile's rows: so the rows may be rewritten then.
             if (f > 0) mbar_wait(&empty[2 * s], (f - 1) & 1);
-            int32_t* ix = idx + s * KT;
-            if (t < KT) ix[t] = next;
-            const bool mine = t >= KT || (next >= 0 && next == next0 + static_cast<int32_t>(t));
-            const bool run = named_barrier_and(2, 128, mine) && tma_runs != 0;
+            const bool run = publish_rows(idx + s * KT, t, next, next0, tma_runs);
             const int32_t first = next0;
             if (t < KT) {
                 next = row_of(k_begin + (it + 1) * KT + t);
                 next0 = row_of(k_begin + (it + 1) * KT);
             }
+            // Half h (column chunks 4h..4h + 3) once its warpgroup freed it. (Rows by one-row TMA
+            // boxes instead of cp.async, 512 a tile: ten times slower.)
             for (uint32_t h = 0; h < 2; ++h) {
-                uint64_t* bar = &full[2 * s + h];
                 if (h == 1 && f > 0) mbar_wait(&empty[2 * s + 1], (f - 1) & 1);
-                if (t == 0) {
-                    if (run) mbar_expect_tx(bar, TILE / 2);
-                    mbar_arrive(bar);
-                }
-                if (run) {
-                    if (t == 0)
-                        for (uint32_t c = 4 * h; c < 4 * h + 4; ++c) tma_load_2d(dst + c * CHUNK, &map_kv, c * 128, first, bar);
-                } else {
-                    // Half h of each row: 16-byte units 32h..32h+31, a row's 512 bytes by 32 threads.
-                    // (One-row TMA boxes instead, 512 a tile: ten times slower.)
-#pragma unroll 8
-                    for (uint32_t i = 0; i < KT * 32 / 128; ++i) {
-                        const uint32_t j = 4 * i + t / 32, v = 32 * h + t % 32;
-                        const int32_t r = ix[j];
-                        cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
-                    }
-                }
-                cp_async_arrive_noinc(bar);
+                load_tile_chunks<4>(dst, &full[2 * s + h], idx + s * KT, run, first, t, 4 * h, kv, map_kv);
             }
         }
         cp_async_wait_all();
@@ -670,12 +724,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             mbar_arrive(&empty[2 * 2 + 1]);
         }
         float m_run[2], l_tot[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
-            m_run[e] = with_sink ? sink[rr[e]] * kLog2e : -INFINITY;  // base 2, as the softmax
-            l_tot[e] = with_sink ? 1.f : 0.f;
-        }
+        sink_state(split == 0, rr, heads, sink, m_run, l_tot);
         const float scale2 = scale * kLog2e;
         for (uint32_t t = 0; t < tiles; ++t) {
             const uint32_t s = t % SP_STAGES, f = fill_of(t);
@@ -704,56 +753,14 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_regs(sc);
-            // The online softmax in base 2: a masked key is -inf (2^-inf = 0); a row with no key
-            // yet subtracts 0 instead of -inf.
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const bool ok = (valid >> (2 * j + (e & 1))) & 1;
-                    sc[4 * j + e] = ok ? sc[4 * j + e] * scale2 : -INFINITY;
-                    mx[e / 2] = fmaxf(mx[e / 2], sc[4 * j + e]);
-                }
-            float alpha[2], sum[2] = {0.f, 0.f}, msub[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-                const float m_new = fmaxf(m_run[e], mx[e]);
-                alpha[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - m_new);
-                m_run[e] = m_new;
-                msub[e] = m_new == -INFINITY ? 0.f : m_new;
-            }
-            // The probabilities first (registers), then P and the stats once P V of tile t - 1 is done.
+            // The softmax (registers), then P and the stats once P V of tile t - 1 is done.
+            float alpha[2], msub[2], sum[2];
             uint32_t pb[8][2];
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float* v = sc + 4 * j + 2 * e;
-                    const __nv_bfloat162 p2 = __floats2bfloat162_rn(ex2_approx(v[0] - msub[e]), ex2_approx(v[1] - msub[e]));
-                    sum[e] += __low2float(p2) + __high2float(p2);  // the sum of exactly what P V multiplies
-                    pb[j][e] = *reinterpret_cast<const uint32_t*>(&p2);
-                }
+            tile_max(sc, valid, scale2, m_run, alpha, msub);
+            tile_probs(sc, msub, pb, sum);
             if (t >= 1) mbar_wait(pfree, (t - 1) & 1);
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    *reinterpret_cast<uint32_t*>(p_s + rr[e] * 128 + ((j ^ (rr[e] % 8)) * 16) + (lane % 4) * 4) = pb[j][e];
-            float* st = stats;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);
-                sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 2);
-                l_tot[e] = l_tot[e] * alpha[e] + sum[e];
-                if (lane % 4 == 0) {
-                    st[rr[e]] = m_run[e];
-                    st[HM + rr[e]] = l_tot[e];
-                    st[2 * HM + rr[e]] = alpha[e];
-                }
-            }
+            store_p(p_s, pb, rr, lane);
+            tile_stats(stats, l_tot, m_run, alpha, sum, rr, lane);
             fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
             mbar_arrive(pready);
         }
@@ -773,20 +780,9 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (uint32_t t = 0; t < tiles; ++t) {
         const uint32_t s = t % SP_STAGES;
-        const float* st = stats;
         mbar_wait(pready, t & 1);
         fence_proxy_async_smem();
-        const float a0 = st[2 * HM + rr[0]], a1 = st[2 * HM + rr[1]];
-        // Only where a row's max moved in this warp (most tiles once the maxima settle).
-        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                o[4 * j] *= a0;
-                o[4 * j + 1] *= a0;
-                o[4 * j + 2] *= a1;
-                o[4 * j + 3] *= a1;
-            }
-        }
+        rescale_o(o, stats, rr);
         wgmma_fence_regs(o);
         wgmma_fence();
         // As two m64n128 halves (o[0..63]: columns 256cw..+127, o[64..127] the next 128): an m64n256
@@ -797,8 +793,8 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
         for (int ks = 0; ks < KT / 16; ++ks) {
             const uint64_t dp = wgmma_desc_sw128(p_a + ks * 32);
             const uint32_t v_a = base_a + s * TILE + cw * 4 * CHUNK + ks * 16 * 128;
-            wgmma_m64n128k16_bf16_bmn(o_lo, dp, wgmma_desc_sw128_mn(v_a, CHUNK), 1);
-            wgmma_m64n128k16_bf16_bmn(o_hi, dp, wgmma_desc_sw128_mn(v_a + 2 * CHUNK, CHUNK), 1);
+            wgmma_m64n128k16_bf16<1>(o_lo, dp, wgmma_desc_sw128_mn(v_a, CHUNK), 1);
+            wgmma_m64n128k16_bf16<1>(o_hi, dp, wgmma_desc_sw128_mn(v_a + 2 * CHUNK, CHUNK), 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -811,78 +807,28 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     }
     // The state after the last tile (the sink's, or nothing, without tiles).
     float m_run[2], l_tot[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const bool with_sink = split == 0 && rr[e] < static_cast<int>(heads);
-        m_run[e] = tiles > 0 ? stats[rr[e]] : (with_sink ? sink[rr[e]] * kLog2e : -INFINITY);
-        l_tot[e] = tiles > 0 ? stats[HM + rr[e]] : (with_sink ? 1.f : 0.f);
-    }
-
-    // One split: this warpgroup's columns, normalised. Two: the cluster merge: block r finalises
-    // output columns 256r..256r + 255; warpgroup 2 + (1 - r) sends its unnormalised O into the other
-    // block's stage 0 and its row max and sum into the other block's `red`; warpgroup 2 + r merges.
-    float w[2] = {1.f, 1.f}, w1[2] = {0.f, 0.f}, fin[2];
-    uint32_t col_half = cw;
-    if constexpr (C2) {
-        const uint32_t rank = cluster_ctarank();
-        col_half = rank;
-        cluster_sync();  // both blocks are done with their stages
-        if (cw != static_cast<int>(rank)) {
-            const uint32_t o_remote = mapa_shared(base_a, rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
-#pragma unroll
-            for (int i = 0; i < 32; ++i) st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
-            if (lane % 4 == 0)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
-                    st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
-                }
-        }
-        cluster_sync();
-        if (cw != static_cast<int>(rank)) return;
+    sink_state(split == 0, rr, heads, sink, m_run, l_tot);
+    if (tiles > 0)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const float m1 = red[rr[e]], l1 = red[HM + rr[e]];
-            const float mx = fmaxf(m_run[e], m1);
-            w[e] = m_run[e] == -INFINITY ? 0.f : ex2_approx(m_run[e] - mx);  // both blocks' maxima in base 2
-            w1[e] = m1 == -INFINITY ? 0.f : ex2_approx(m1 - mx);
-            const float den = l_tot[e] * w[e] + l1 * w1[e];
-            fin[e] = den > 0.f ? 1.f / den : 0.f;
+            m_run[e] = stats[rr[e]];
+            l_tot[e] = stats[HM + rr[e]];
         }
+
+    // One split: this warpgroup's columns, normalised. Two: the cluster merge (c2_merge: the other
+    // block's O arrives in stage 0). The outputs are staged in this warpgroup's own half of stage 1,
+    // which no one reads once its last P V is done (with one split the other warpgroup's last P V
+    // may still be reading its half of the last tile's stage).
+    float fin[2];
+    uint32_t col_half = cw;
+    if constexpr (C2) {
+        if (!c2_merge(o, m_run, l_tot, cw, wt, lane, rr, base, red, fin)) return;
+        col_half = cluster_ctarank();
     } else {
 #pragma unroll
         for (int e = 0; e < 2; ++e) fin[e] = l_tot[e] > 0.f ? 1.f / l_tot[e] : 0.f;
     }
-    const float4* other = reinterpret_cast<const float4*>(base);
-    // Staging of the bf16 outputs, four 64-row x 64-column boxes: this warpgroup's own half of stage
-    // 1 (chunks 4cw..4cw + 3), which no one reads any more once its last P V is done; with one split
-    // the other warpgroup's last P V may still be reading its half of the last tile's stage (two
-    // splits: every P V is done, and stage 0 holds the other block's O).
-    uint8_t* stage = base + TILE + cw * 4 * CHUNK;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        float a0 = o[4 * i] * w[0], a1 = o[4 * i + 1] * w[0], b0 = o[4 * i + 2] * w[1], b1 = o[4 * i + 3] * w[1];
-        if constexpr (C2) {
-            const float4 v = other[i * 128 + wt];
-            a0 += v.x * w1[0];
-            a1 += v.y * w1[0];
-            b0 += v.z * w1[1];
-            b1 += v.w * w1[1];
-        }
-        *reinterpret_cast<__nv_bfloat162*>(stage + (i / 8) * 8192 + rr[0] * 128 + (((i % 8) ^ (rr[0] % 8)) * 16) + (lane % 4) * 4) =
-            __floats2bfloat162_rn(a0 * fin[0], a1 * fin[0]);
-        *reinterpret_cast<__nv_bfloat162*>(stage + (i / 8) * 8192 + rr[1] * 128 + (((i % 8) ^ (rr[1] % 8)) * 16) + (lane % 4) * 4) =
-            __floats2bfloat162_rn(b0 * fin[1], b1 * fin[1]);
-    }
-    fence_proxy_async_smem();  // the staging writes before the TMA engine reads them
-    named_barrier(3 + cw, 128);
-    if (wt == 0) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-            tma_store_3d(&map_out, stage + c * 8192, static_cast<int32_t>(2 * col_half * 256 + 128 * c), 0, static_cast<int32_t>(b));
-        bulk_commit();
-        bulk_wait();
-    }
+    if (store_out(base + TILE + cw * 4 * CHUNK, o, fin, col_half * 256, b, map_out, rr, lane, wt, cw)) bulk_wait();
 }
 
 }  // namespace
