@@ -605,7 +605,9 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
 #if DI_SM90
 namespace {
 
-// Two-split decode with one warpgroup for S (di_attn_decode_sp_c2): warpgroup 1 holds Q's first 384
+// Decode with one warpgroup for S (di_attn_decode_sp: one split, a block per sequence;
+// di_attn_decode_sp_c2: two, as a cluster that merges like di_attn_decode_wg_c2; the launcher takes
+// them for one split and for two splits of four tiles or more): warpgroup 1 holds Q's first 384
 // dims in registers (24 A fragments, 96 registers; the last 128 dims stay in shared memory) and for
 // every key tile computes S = Q K^T (wgmma m64n64k16) and the softmax, writing P (bf16) and the
 // tile's max, sum and rescale factor per row into shared memory; warpgroups 2 and 3 each own 256

@@ -75,7 +75,7 @@ fn main() {
             // Paged lists on the Hopper kernel: with the page tiles by TMA (the default) and gathered
             // row by row ("/gather").
             let variants: &[bool] = if paged && wgmma { &[true, false] } else { &[true] };
-            // Two splits on sm_90: the S-warpgroup cluster kernel (the default) and the turn-taking one.
+            // Where sm_90 takes an S-warpgroup kernel (the default), the turn-taking one too.
             let kernels: &[bool] = if kernel.starts_with("di_attn_decode_sp") { &[true, false] } else { &[true] };
             for (&tma, &s_wg) in variants.iter().flat_map(|t| kernels.iter().map(move |d| (t, d))) {
                 set_tma_runs(tma);

@@ -121,7 +121,7 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
         let mut c = case(&mut rng, batch, heads, max_keys, full, 8.0);
         c.rows = paged_key_rows(&mut rng, batch, max_keys, c.kv.len() / 512);
         let (want, _) = run(&cpu, &c);
-        // Two splits on sm_90: the S-warpgroup cluster kernel (the default) and the turn-taking one.
+        // Where sm_90 takes an S-warpgroup kernel (the default), the turn-taking one too.
         for s_wg in [true, false] {
             set_s_warpgroup(s_wg);
             let kernel = cuda_kernel(&gpu, c.shape).unwrap_or_default();
@@ -139,7 +139,7 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
                 "pages by TMA differ from the same rows gathered"
             );
             if !kernel.starts_with("di_attn_decode_sp") {
-                break; // one split or several: no second kernel to compare
+                break; // the turn-taking kernel (or the mma.sync one) is the default: nothing to compare
             }
         }
         set_s_warpgroup(true);

@@ -21,8 +21,8 @@ const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 
 /// tiles, eight mbarriers.
 const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4 + 8 * 8;
 
-/// Dynamic shared memory of di_attn_decode_sp_c2 (its static_assert in attention_sm90.cu): 1024
-/// bytes of alignment slack, three key stages (64 KB each), Q's last 128 dims (16 KB), P (8 KB), the
+/// Dynamic shared memory of di_attn_decode_sp and di_attn_decode_sp_c2 (the static_assert in
+/// attention_sm90.cu): 1024 bytes of alignment slack, three key stages (64 KB each), Q's last 128 dims (16 KB), P (8 KB), the
 /// max, sum and rescale factor per row, the cluster merge's max and sum per row, the key rows of
 /// three tiles, fourteen mbarriers.
 const ATTN_SP_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 8192 + 3 * 64 * 4 + 2 * 64 * 4 + 3 * 64 * 4 + 14 * 8;
@@ -122,12 +122,13 @@ pub(crate) fn attention_decode(
     if let Some((map_q, map_out, map_kv)) = &maps {
         l.arg(&shape.batch).arg(map_out).arg(map_kv).arg(map_q).arg(&tma_runs);
     }
-    // SAFETY: matches di_attn_decode, di_attn_decode_wg, di_attn_decode_wg_c2 and di_attn_decode_sp_c2 (q, kv, key_rows,
-    // key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split,
-    // scale, and for the wgmma kernels seqs = batch, which the grid's x covers once (the c2 kernels)
-    // or in a grid-stride loop, map_out, out's [batch, heads, 1024] bytes, map_kv, kv's [pool_rows,
-    // 1024] bytes, map_q, q's [batch, heads, 1024] bytes, and the tma_runs flag; the partials are
-    // null where no combine follows and then never written); the op checked
+    // SAFETY: matches di_attn_decode and the wgmma kernels di_attn_decode_{wg, wg_c2, sp, sp_c2}
+    // (q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows,
+    // tiles_per_split, scale, and for the wgmma kernels seqs = batch, which the grid's x covers once
+    // (all but di_attn_decode_wg with one split, which loops over it), map_out, out's [batch, heads,
+    // 1024] bytes, map_kv, kv's [pool_rows, 1024] bytes, map_q, q's [batch, heads, 1024] bytes, and
+    // the tma_runs flag; the partials are null where no combine follows and then never written); the
+    // sp kernels' 512 threads and shared memory are ATTN_SP_SMEM's layout; the op checked
     // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
     // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
     unsafe { l.launch(cfg) }?;
