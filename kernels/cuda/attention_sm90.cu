@@ -50,7 +50,7 @@
 #include "sm90.cuh"
 
 constexpr int DI_ATTN_WG_THREADS = 3 * 128;  // gather warpgroup + two math warpgroups
-constexpr int SP_THREADS_HOST = 4 * 128;     // di_attn_decode_sp_c2: gather, S, two P V warpgroups
+constexpr int SP_THREADS_HOST = 4 * 128;     // di_attn_decode_sp(_c2): gather, S, two P V warpgroups
 
 #if DI_SM90
 namespace {
@@ -105,6 +105,17 @@ __device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
     return (v / 8) * CHUNK + r * 128 + (((v % 8) ^ (r % 8)) * 16);
 }
 
+// Which of a thread's 16 key columns of a tile (8j + 2 (lane % 4) + e, bit 2j + e) are real keys:
+// the tile's pool rows ix (-1: no key).
+__device__ __forceinline__ uint32_t tile_valid(const int32_t* ix, int lane) {
+    uint32_t valid = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            if (ix[8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
+    return valid;
+}
 
 // The online softmax of a 64-key tile held as a wgmma m64n64 accumulator (a thread's rows rr[e],
 // its 16 key columns; `valid` says which are real keys), in base 2. tile_max masks and scales sc in
@@ -479,12 +490,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                 // S = Q K^T over the whole tile, then the online softmax from the previous tile's
                 // state (the other warpgroup's tile, seen when this one waited for its P).
                 mbar_wait(&full[s], (g / STAGES) & 1);
-                uint32_t valid = 0;  // which of this thread's 16 key columns are real keys
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (idx[s * KT + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
+                const uint32_t valid = tile_valid(idx + s * KT, lane);
                 fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
                 wgmma_fence_regs(sc);
                 wgmma_fence();
@@ -619,6 +625,7 @@ namespace {
 // (S), 160 + 160 (P V) a thread: the whole file for 512 threads.
 constexpr int SP_STAGES = 3;
 constexpr int SP_QREG = 24;  // k16 steps whose Q fragments the S warpgroup holds; the other 8 (two chunks) in shared memory
+static_assert(SP_QREG % 4 == 0 && 32 - SP_QREG == 8, "qs holds exactly two 64-column chunks of Q");
 constexpr int SP_SMEM = 1024 + SP_STAGES * TILE + 2 * CHUNK + HM * 128 + 3 * HM * 4 + 2 * HM * 4 + SP_STAGES * KT * 4 + (4 * SP_STAGES + 2) * 8;
 static_assert(SP_SMEM == 224368, "attention.rs ATTN_SP_SMEM");
 
@@ -631,7 +638,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
                                                uint32_t tma_runs) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    uint8_t* qs = base + SP_STAGES * TILE;                        // Q's chunks 6 and 7 (dims 384..511)
+    uint8_t* qs = base + SP_STAGES * TILE;                        // Q's chunks SP_QREG / 4.. (dims 384..511)
     uint8_t* p_s = qs + 2 * CHUNK;                                // P, 64 x 64 bf16
     float* stats = reinterpret_cast<float*>(p_s + HM * 128);      // [m, l, alpha][HM] of the last tile
     float* red = stats + 3 * HM;                                  // [2][HM]: the cluster merge's m, l
@@ -672,7 +679,8 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             for (int h = 0; h < 2; ++h) {
                 mbar_arrive_expect_tx(&full[2 * 2 + h], TILE / 2);
                 for (int c = 4 * h; c < 4 * h + 4; ++c)
-                    tma_load_3d(c < 6 ? base + 2 * TILE + c * CHUNK : qs + (c - 6) * CHUNK, &map_q, c * 128, 0, b, &full[2 * 2 + h]);
+                    tma_load_3d(c < SP_QREG / 4 ? base + 2 * TILE + c * CHUNK : qs + (c - SP_QREG / 4) * CHUNK, &map_q, c * 128, 0, b,
+                                &full[2 * 2 + h]);
             }
         }
         for (int h = 0; h < 2; ++h) cp_async_arrive_noinc(&full[2 * 2 + h]);
@@ -709,8 +717,8 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
 
     const uint32_t base_a = smem_addr(base), p_a = smem_addr(p_s), qs_a = smem_addr(qs);
     if (wg == 1) {
-        // The S warpgroup: Q as 32 A fragments (ldmatrix from the swizzled chunks), then stage 2 is
-        // free for keys.
+        // The S warpgroup: Q's first SP_QREG k16 steps as A fragments (ldmatrix from the swizzled
+        // chunks), then stage 2 is free for keys.
         setmaxnreg_inc<168>();
         uint32_t qa[SP_QREG][4];
         mbar_wait(&full[2 * 2], 0);
@@ -733,12 +741,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             const uint32_t stage_a = base_a + s * TILE;
             mbar_wait(&full[2 * s], f & 1);
             mbar_wait(&full[2 * s + 1], f & 1);
-            uint32_t valid = 0;  // which of this thread's 16 key columns are real keys
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (idx[s * KT + 8 * j + 2 * (lane % 4) + e] >= 0) valid |= 1u << (2 * j + e);
+            const uint32_t valid = tile_valid(idx + s * KT, lane);
             fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
             float sc[32];
 #pragma unroll
@@ -750,7 +753,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
                 wgmma_rs_bf16<64>(sc, qa[kk], wgmma_desc_sw128(stage_a + (kk / 4) * CHUNK + (kk % 4) * 32));
 #pragma unroll
             for (int kk = SP_QREG; kk < 32; ++kk)
-                wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(qs_a + (kk / 4 - 6) * CHUNK + (kk % 4) * 32),
+                wgmma_m64n64k16_bf16(sc, wgmma_desc_sw128(qs_a + (kk / 4 - SP_QREG / 4) * CHUNK + (kk % 4) * 32),
                                      wgmma_desc_sw128(stage_a + (kk / 4) * CHUNK + (kk % 4) * 32), 1);
             wgmma_commit();
             wgmma_wait<0>();
