@@ -207,74 +207,36 @@ pub(crate) fn router_dispatch(
         return dispatch(stream, &out.ids, d);
     }
     let split = router_gemm(stream, x, gate, logits, shape.tokens, e, dim, Some(&mut out.status))?;
-    use cudarc::driver::{sys, DevicePtr, DevicePtrMut};
     let be = backend(stream);
     let smem = (2 * ROUTE_DISPATCH_MAX_TOKENS * e + ROUTE_DISPATCH_MAX_TOKENS * shape.top_k) * 4;
     let f = be.function_with_smem("moe", "di_moe_route_dispatch_small", smem)?;
     let s = stream.cuda_stream("router_dispatch", "logits")?;
-    let (mut l_ptr, _l) = logits.cuda_mut().device_ptr_mut(s);
-    let (mut p_ptr, _p) = match split.as_ref() {
-        Some(sp) => {
-            let (p, g) = sp.partial.device_ptr(s);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
-    let (mut slices, mut fold) = split.as_ref().map_or((0, 1), |sp| (sp.slices, sp.fold));
-    let (mut bias_ptr, _b, mut t2e_ptr, _t, mut tok_ptr, _k, mut vocab) = route_by_ptrs(by, s);
-    let Routed { ids, weights, status } = out;
-    let (mut ids_ptr, _i) = ids.cuda_mut().device_ptr_mut(s);
-    let (mut w_ptr, _w) = weights.cuda_mut().device_ptr_mut(s);
-    let (mut st_ptr, _s) = status.cuda_mut().device_ptr_mut(s);
-    let (mut counts, _c) = d.counts.cuda_mut().device_ptr_mut(s);
-    let (mut offsets, _o) = d.offsets.cuda_mut().device_ptr_mut(s);
-    let (mut chunks, _h) = d.chunks.cuda_mut().device_ptr_mut(s);
-    let (mut num_chunks, _n) = d.num_chunks.cuda_mut().device_ptr_mut(s);
-    let (mut row_pair, _r) = d.row_pair.cuda_mut().device_ptr_mut(s);
-    let (mut pair_row, _q) = d.pair_row.cuda_mut().device_ptr_mut(s);
-    let (mut tokens, mut experts, mut top_k, mut scaling) = (shape.tokens, e, shape.top_k, scaling);
-    let (mut tile, mut cap) = (d.tile, MoeDispatch::capacity(d.shape, d.tile));
-    // Launched without programmatic dependent launch: with it (the kernel can wait for the router
-    // GEMM and let the grouped GEMM launch early) the layer's overlapped shared expert came out
-    // wrong in 1 of 3 test runs on the H200 (benches/results/2026-12-01-moe-router-op).
-    let pdl = false;
-    let mut pdl_arg = pdl as u32;
-    let mut args: [*mut std::ffi::c_void; 24] = [
-        (&mut l_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut p_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut slices as *mut u32).cast(),
-        (&mut fold as *mut u32).cast(),
-        (&mut bias_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut t2e_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut tok_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut ids_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut w_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut st_ptr as *mut sys::CUdeviceptr).cast(),
-        (&mut tokens as *mut u32).cast(),
-        (&mut experts as *mut u32).cast(),
-        (&mut top_k as *mut u32).cast(),
-        (&mut vocab as *mut u32).cast(),
-        (&mut scaling as *mut f32).cast(),
-        (&mut tile as *mut u32).cast(),
-        (&mut counts as *mut sys::CUdeviceptr).cast(),
-        (&mut offsets as *mut sys::CUdeviceptr).cast(),
-        (&mut chunks as *mut sys::CUdeviceptr).cast(),
-        (&mut num_chunks as *mut sys::CUdeviceptr).cast(),
-        (&mut cap as *mut u32).cast(),
-        (&mut row_pair as *mut sys::CUdeviceptr).cast(),
-        (&mut pair_row as *mut sys::CUdeviceptr).cast(),
-        (&mut pdl_arg as *mut u32).cast(),
-    ];
+    let sc = RouteScalars::new(split.as_ref(), by, scaling, shape);
+    let cap = MoeDispatch::capacity(d.shape, d.tile);
+    // Launched without programmatic dependent launch (its last argument 0): with it (the kernel can
+    // wait for the router GEMM and let the grouped GEMM launch early) the layer's overlapped shared
+    // expert came out wrong in 1 of 3 test runs on the H200 (benches/results/2026-12-01-moe-router-op).
+    let pdl = 0u32;
+    let mut b = s.launch_builder(&f);
+    route_args(&mut b, logits.cuda_mut(), split.as_ref(), by, out, &sc);
+    b.arg(&d.tile)
+        .arg(d.counts.cuda_mut())
+        .arg(d.offsets.cuda_mut())
+        .arg(d.chunks.cuda_mut())
+        .arg(d.num_chunks.cuda_mut())
+        .arg(&cap)
+        .arg(d.row_pair.cuda_mut())
+        .arg(d.pair_row.cuda_mut())
+        .arg(&pdl);
     let c = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: smem };
-    // SAFETY: matches di_moe_route_dispatch_small (di_moe_route's parameters, then tile, counts,
-    // offsets, chunks, num_chunks, chunk_cap, row_pair, pair_row) in order and types; one block of
-    // 1024 threads with the dynamic shared memory it takes (2 x 32 x experts floats, 32 x top_k
-    // ints); tokens <= 32, pairs and experts <= 1024 (checked above), experts <= 512 and top_k <=
-    // 16 (checked by the op); the buffers hold what `route` and `dispatch` need (checked by the
-    // op), partial slices x tokens x experts floats; null pointers pass as 0; a plain launch (its
-    // `pdl` argument 0: it does not trigger its dependents early).
-    unsafe { be.launch_ex(s, &f, c, pdl, &mut args) }?;
-    drop(_p);
+    // SAFETY: matches di_moe_route_dispatch_small (di_moe_route's parameters as route_args pushes
+    // them, then tile, counts, offsets, chunks, num_chunks, chunk_cap, row_pair, pair_row, pdl) in
+    // order and types; one block of 1024 threads with the dynamic shared memory it takes (2 x 32 x
+    // experts floats, 32 x top_k ints); tokens <= 32, pairs and experts <= 1024 (checked above),
+    // experts <= 512 and top_k <= 16 (checked by the op); the buffers hold what `route` and
+    // `dispatch` need (checked by the op), partial slices x tokens x experts floats; null pointers
+    // pass as 0; a plain launch (`pdl` 0: it does not trigger its dependents early).
+    unsafe { b.launch(c) }?;
     if let Some(sp) = split {
         be.keep_router_scratch(s, sp.partial);
     }
@@ -284,34 +246,60 @@ pub(crate) fn router_dispatch(
 /// Tokens `di_moe_route_dispatch_small` routes (a warp each in its block of 1024 threads).
 const ROUTE_DISPATCH_MAX_TOKENS: u32 = 32;
 
-/// The device pointers of a routing's inputs: bias, tid2eid and token_ids (0 where absent, with
-/// their guards), and the hash table's vocabulary (0 for score routing).
-#[allow(clippy::type_complexity)]
-fn route_by_ptrs<'a>(
-    by: &'a RouteBy<'_>,
-    s: &'a std::sync::Arc<cudarc::driver::CudaStream>,
-) -> (
-    u64,
-    Option<cudarc::driver::SyncOnDrop<'a>>,
-    u64,
-    Option<cudarc::driver::SyncOnDrop<'a>>,
-    u64,
-    Option<cudarc::driver::SyncOnDrop<'a>>,
-    u32,
-) {
-    use cudarc::driver::DevicePtr;
-    match by {
-        RouteBy::Score { bias: Some(b) } => {
-            let (p, g) = b.cuda().device_ptr(s);
-            (p, Some(g), 0, None, 0, None, 0)
-        }
-        RouteBy::Score { bias: None } => (0, None, 0, None, 0, None, 0),
-        RouteBy::Hash { tid2eid, token_ids, vocab } => {
-            let (a, ga) = tid2eid.cuda().device_ptr(s);
-            let (b, gb) = token_ids.cuda().device_ptr(s);
-            (0, None, a, Some(ga), b, Some(gb), *vocab)
-        }
+/// The scalar parameters of di_moe_route (and of di_moe_route_dispatch_small's same prefix), kept
+/// where the launch builder can borrow them.
+struct RouteScalars {
+    slices: u32,
+    fold: u32,
+    vocab: u32,
+    tokens: u32,
+    experts: u32,
+    top_k: u32,
+    scaling: f32,
+}
+
+impl RouteScalars {
+    fn new(split: Option<&RouterSplit>, by: &RouteBy<'_>, scaling: f32, shape: MoeShape) -> Self {
+        let (slices, fold) = split.map_or((0, 1), |sp| (sp.slices, sp.fold));
+        let vocab = match by {
+            RouteBy::Score { .. } => 0,
+            RouteBy::Hash { vocab, .. } => *vocab,
+        };
+        RouteScalars { slices, fold, vocab, tokens: shape.tokens, experts: shape.experts, top_k: shape.top_k, scaling }
     }
+}
+
+/// Pushes di_moe_route's parameters (logits, partial, slices, fold, bias, tid2eid, token_ids, ids,
+/// weights, status, tokens, experts, top_k, vocab, scaling; absent buffers as null), which
+/// di_moe_route_dispatch_small takes first too.
+fn route_args<'a>(
+    b: &mut cudarc::driver::LaunchArgs<'a>,
+    logits: &'a cudarc::driver::CudaSlice<f32>,
+    split: Option<&'a RouterSplit>,
+    by: &'a RouteBy<'_>,
+    out: &'a mut Routed,
+    sc: &'a RouteScalars,
+) {
+    b.arg(logits);
+    match split {
+        Some(sp) => b.arg(&sp.partial),
+        None => b.arg(&NULL),
+    };
+    b.arg(&sc.slices).arg(&sc.fold);
+    match by {
+        RouteBy::Score { bias: Some(bias) } => b.arg(bias.cuda()).arg(&NULL).arg(&NULL),
+        RouteBy::Score { bias: None } => b.arg(&NULL).arg(&NULL).arg(&NULL),
+        RouteBy::Hash { tid2eid, token_ids, .. } => b.arg(&NULL).arg(tid2eid.cuda()).arg(token_ids.cuda()),
+    };
+    let Routed { ids, weights, status } = out;
+    b.arg(ids.cuda_mut())
+        .arg(weights.cuda_mut())
+        .arg(status.cuda_mut())
+        .arg(&sc.tokens)
+        .arg(&sc.experts)
+        .arg(&sc.top_k)
+        .arg(&sc.vocab)
+        .arg(&sc.scaling);
 }
 
 /// `di_moe_route` over `logits` (as they are, or first folded from `split` into them).
@@ -327,43 +315,13 @@ fn route_launch(
     let f = backend(stream).function("moe", "di_moe_route")?;
     let s = stream.cuda_stream("route", "logits")?;
     let c = cfg((shape.tokens.div_ceil(8), 1, 1), 256);
-    let Routed { ids, weights, status } = out;
+    let sc = RouteScalars::new(split, by, scaling, shape);
     let mut b = s.launch_builder(&f);
-    b.arg(logits);
-    let (slices, fold) = split.map_or((0, 1), |sp| (sp.slices, sp.fold));
-    match split {
-        Some(sp) => b.arg(&sp.partial),
-        None => b.arg(&NULL),
-    };
-    b.arg(&slices).arg(&fold);
-    let vocab = match by {
-        RouteBy::Score { bias } => {
-            match bias {
-                Some(bias) => b.arg(bias.cuda()),
-                None => b.arg(&NULL),
-            };
-            b.arg(&NULL).arg(&NULL);
-            0u32
-        }
-        RouteBy::Hash { tid2eid, token_ids, vocab } => {
-            b.arg(&NULL).arg(tid2eid.cuda()).arg(token_ids.cuda());
-            *vocab
-        }
-    };
-    b.arg(ids.cuda_mut())
-        .arg(weights.cuda_mut())
-        .arg(status.cuda_mut())
-        .arg(&shape.tokens)
-        .arg(&shape.experts)
-        .arg(&shape.top_k)
-        .arg(&vocab)
-        .arg(&scaling);
-    // SAFETY: matches di_moe_route (logits, partial, slices, fold, bias, tid2eid, token_ids, ids,
-    // weights, status, tokens, experts, top_k, vocab, scaling); the kernel writes logits only with a
-    // split (then from a mutable buffer), whose partial holds slices x tokens x experts floats; the
-    // op checked experts <= 512, top_k <= 16 and every
-    // length (tid2eid [vocab, top_k], token_ids [tokens]); eight tokens a block (32 KB of static
-    // shared memory), a warp each, bounds-checked.
+    route_args(&mut b, logits, split, by, out, &sc);
+    // SAFETY: matches di_moe_route (route_args); the kernel writes logits only with a split (then
+    // from a mutable buffer), whose partial holds slices x tokens x experts floats; the op checked
+    // experts <= 512, top_k <= 16 and every length (tid2eid [vocab, top_k], token_ids [tokens]);
+    // eight tokens a block (32 KB of static shared memory), a warp each, bounds-checked.
     unsafe { b.launch(c) }?;
     Ok(())
 }
