@@ -62,7 +62,14 @@ fn copy_exe(from: &Path, dir: &Path, name: &str) -> Result<u64> {
     fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
     let sh = workspace::shell()?;
     cmd!(sh, "xz -6 -T0 -f {to}").run().context("compressing with xz (apt-get install xz-utils)")?;
-    Ok(fs::metadata(dir.join(format!("{name}.xz")))?.len())
+    Ok(carried(fs::metadata(dir.join(format!("{name}.xz")))?.len()))
+}
+
+/// What a file of `len` bytes counts towards the carry limit: its size in whole 4 KiB blocks, as
+/// the device call measures the tree (by byte length a bundle of 63.4 MiB with the tree was still
+/// refused as over 64 MiB; by blocks it was 65.4).
+fn carried(len: u64) -> u64 {
+    len.div_ceil(4096) * 4096
 }
 
 /// Bytes of the files a device call carries besides the bundle: tracked files and untracked ones
@@ -73,7 +80,7 @@ fn tree_bytes(sh: &xshell::Shell) -> Result<u64> {
         .split('\0')
         .filter(|f| !f.is_empty())
         .filter_map(|f| fs::metadata(workspace::root().join(f)).ok())
-        .map(|m| m.len())
+        .map(|m| carried(m.len()))
         .sum())
 }
 
@@ -196,7 +203,7 @@ fn split_into_parts(bundle: &Path, capacity: u64) -> Result<Vec<(PathBuf, u64)>>
         };
         for f in rd {
             let f = f?;
-            files.push((kind, f.file_name(), f.metadata()?.len()));
+            files.push((kind, f.file_name(), carried(f.metadata()?.len())));
         }
     }
     files.sort();
@@ -299,5 +306,13 @@ mod tests {
         assert_eq!(plan_parts(&sizes, 10_000_000).unwrap().len(), 1);
         assert_eq!(plan_parts(&sizes, 2_150), None);
         assert_eq!(plan_parts(&[], 1).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn carried_sizes_are_whole_blocks() {
+        assert_eq!(carried(0), 0);
+        assert_eq!(carried(1), 4096);
+        assert_eq!(carried(4096), 4096);
+        assert_eq!(carried(4097), 8192);
     }
 }
