@@ -219,15 +219,8 @@ pub(crate) fn router_dispatch(
     let pdl = 0u32;
     let mut b = s.launch_builder(&f);
     route_args(&mut b, logits.cuda_mut(), split.as_ref(), by, out, &sc);
-    b.arg(&d.tile)
-        .arg(d.counts.cuda_mut())
-        .arg(d.offsets.cuda_mut())
-        .arg(d.chunks.cuda_mut())
-        .arg(d.num_chunks.cuda_mut())
-        .arg(&cap)
-        .arg(d.row_pair.cuda_mut())
-        .arg(d.pair_row.cuda_mut())
-        .arg(&pdl);
+    dispatch_args(&mut b, d, &cap);
+    b.arg(&pdl);
     let c = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: smem };
     // SAFETY: matches di_moe_route_dispatch_small (di_moe_route's parameters as route_args pushes
     // them, then tile, counts, offsets, chunks, num_chunks, chunk_cap, row_pair, pair_row, pdl) in
@@ -326,6 +319,20 @@ fn route_launch(
     Ok(())
 }
 
+/// Pushes the single-block dispatch's parameters after its inputs (tile, counts, offsets, chunks,
+/// num_chunks, chunk_cap, row_pair, pair_row): di_moe_dispatch_small and
+/// di_moe_route_dispatch_small take them in this order.
+fn dispatch_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, d: &'a mut MoeDispatch, cap: &'a u32) {
+    b.arg(&d.tile)
+        .arg(d.counts.cuda_mut())
+        .arg(d.offsets.cuda_mut())
+        .arg(d.chunks.cuda_mut())
+        .arg(d.num_chunks.cuda_mut())
+        .arg(cap)
+        .arg(d.row_pair.cuda_mut())
+        .arg(d.pair_row.cuda_mut());
+}
+
 pub(crate) fn dispatch(stream: &Stream, ids: &DeviceBuffer<i32>, d: &mut MoeDispatch) -> Result<()> {
     let s = stream.cuda_stream("dispatch", "ids")?;
     let be = backend(stream);
@@ -336,25 +343,15 @@ pub(crate) fn dispatch(stream: &Stream, ids: &DeviceBuffer<i32>, d: &mut MoeDisp
         && e as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS
     {
         let f = be.function("moe", "di_moe_dispatch_small")?;
-        // SAFETY: matches di_moe_dispatch_small (ids, pairs, experts, tile, counts, offsets, chunks,
-        // num_chunks, chunk_cap, row_pair, pair_row); one block of 1024 threads, pairs and experts
-        // <= 1024 (checked above); ids, row_pair and pair_row hold `pairs` entries, counts
-        // `experts`, offsets experts + 1, chunks 4 * cap ints, and rows written are < offsets[E] <= pairs.
-        unsafe {
-            s.launch_builder(&f)
-                .arg(ids.cuda())
-                .arg(&pairs)
-                .arg(&e)
-                .arg(&d.tile)
-                .arg(d.counts.cuda_mut())
-                .arg(d.offsets.cuda_mut())
-                .arg(d.chunks.cuda_mut())
-                .arg(d.num_chunks.cuda_mut())
-                .arg(&cap)
-                .arg(d.row_pair.cuda_mut())
-                .arg(d.pair_row.cuda_mut())
-                .launch(cfg((1, 1, 1), 1024))
-        }?;
+        let mut b = s.launch_builder(&f);
+        b.arg(ids.cuda()).arg(&pairs).arg(&e);
+        dispatch_args(&mut b, d, &cap);
+        // SAFETY: matches di_moe_dispatch_small (ids, pairs, experts, then dispatch_args: tile,
+        // counts, offsets, chunks, num_chunks, chunk_cap, row_pair, pair_row); one block of 1024
+        // threads, pairs and experts <= 1024 (checked above); ids, row_pair and pair_row hold
+        // `pairs` entries, counts `experts`, offsets experts + 1, chunks 4 * cap ints, and rows
+        // written are < offsets[E] <= pairs.
+        unsafe { b.launch(cfg((1, 1, 1), 1024)) }?;
         return Ok(());
     }
     let count = be.function("moe", "di_moe_count")?;
