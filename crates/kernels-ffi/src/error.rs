@@ -22,6 +22,8 @@ pub enum FfiError {
     DeviceMismatch { op: &'static str, field: &'static str, expected: String, found: String },
     #[error("unknown device `{0}` (expected cpu, cuda or cuda:N)")]
     UnknownDevice(String),
+    #[error("{what} would be made inside a CUDA graph capture, and the graph could not be replayed (its allocation would outlive it): run the same work once on this stream before capturing it")]
+    CaptureNeedsWarmup { what: &'static str },
 }
 
 impl FfiError {

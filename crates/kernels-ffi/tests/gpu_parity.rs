@@ -267,6 +267,65 @@ fn gpu_decode_gemm_chain_with_pdl_matches_serial_launches() {
     }
 }
 
+/// Decode GEMMs captured in a CUDA graph, as an engine captures a decode step: a narrow W (k split
+/// inside the launch, through the stream's split scratch) then a wide one reading its output.
+/// Captured on a fresh stream before any direct call, the split GEMM is refused with
+/// `CaptureNeedsWarmup` (its scratch would belong to the graph, which then could not be replayed);
+/// after one direct call on that stream the capture works, and three replays, each on a fresh x
+/// written into the graph's input between them, give bit for bit what direct launches give.
+#[test]
+fn gpu_decode_gemms_in_a_graph_match_direct_launches() {
+    let Some(dev) = cuda_device_or_skip("gpu_decode_gemms_in_a_graph_match_direct_launches") else { return };
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let f = ops::WeightFormat::Fp8Block128;
+    let m = 1u32;
+    let stages = [(1024usize, 4096usize), (16384, 1024)];
+    let gs = dev.new_stream().unwrap();
+    let params: Vec<_> =
+        stages.iter().map(|&(n, k)| deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true)).collect();
+    assert!(
+        ops::wgmma_k_splits(&gs, &params[0]).is_none_or(|splits| splits > 1),
+        "stage 0 is meant to split k on a Hopper"
+    );
+    let weights: Vec<_> = stages.iter().map(|&(n, k)| lowp_weights(&mut rng, f, n, k)).collect();
+    let wdev: Vec<_> = weights.iter().map(|(w, sc)| (gs.upload(w).unwrap(), gs.upload(sc).unwrap())).collect();
+    let mut x = gs.zeros::<bf16>(m as usize * stages[0].1).unwrap();
+    let mut h = gs.zeros::<bf16>(m as usize * stages[0].0).unwrap();
+    let mut y = gs.zeros::<bf16>(m as usize * stages[1].0).unwrap();
+    let step = |st: &Stream, x: &DeviceBuffer<bf16>, h: &mut DeviceBuffer<bf16>, y: &mut DeviceBuffer<bf16>| {
+        ops::gemm_lowp(st, f, x, &wdev[0].0, &wdev[0].1, h, &params[0])?;
+        ops::gemm_lowp(st, f, h, &wdev[1].0, &wdev[1].1, y, &params[1])
+    };
+    let splits = ops::wgmma_k_splits(&gs, &params[0]).unwrap_or(1);
+    if splits > 1 {
+        let refused = gs.capture(|st| step(st, &x, &mut h, &mut y));
+        match refused {
+            Err(deepinfer_kernels_ffi::FfiError::CaptureNeedsWarmup { .. }) => {}
+            Err(e) => panic!("a split GEMM captured before any direct call: {e}"),
+            Ok(_) => panic!("a split GEMM captured before any direct call was not refused"),
+        }
+    }
+    step(&gs, &x, &mut h, &mut y).unwrap();
+    let graph = gs.capture(|st| step(st, &x, &mut h, &mut y)).unwrap();
+    for round in 0..3 {
+        let xv: Vec<bf16> = to(&rng.vec(m as usize * stages[0].1));
+        gs.write(&mut x, &xv).unwrap();
+        gs.write(&mut y, &to::<bf16>(&vec![f32::NAN; m as usize * stages[1].0])).unwrap();
+        graph.launch().unwrap();
+        let replayed = from(&gs.download(&y).unwrap());
+        let xd = gs.upload(&xv).unwrap();
+        let mut hd = gs.zeros::<bf16>(m as usize * stages[0].0).unwrap();
+        let mut yd = gs.upload(&to::<bf16>(&vec![f32::NAN; m as usize * stages[1].0])).unwrap();
+        step(&gs, &xd, &mut hd, &mut yd).unwrap();
+        let direct = from(&gs.download(&yd).unwrap());
+        assert!(replayed.iter().all(|v| v.is_finite()), "round {round}: the replay left NaN in y");
+        assert_eq!(replayed, direct, "round {round}: the graph's output differs from direct launches (k{splits})");
+        println!("graph round {round}: k{splits} then wide W, {} outputs equal to direct launches", direct.len());
+    }
+}
+
 /// The streaming probe's xor on the GPU (with and without programmatic dependent launch) equals
 /// the CPU's, and a length that is not a multiple of 16 is refused naming `buf`.
 #[test]

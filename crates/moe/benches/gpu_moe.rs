@@ -356,13 +356,89 @@ fn case(
                 q = (q + 1) % dsps.len();
                 down_gemm(&ws.h, &dsps[q], &mut ws.y)
             });
+            // The same calls as a captured decode step runs them: CUDA graphs of `inputs` calls
+            // (one on each input's routing), replayed in turn (the current kernels only).
+            let graphs = (!earlier).then(|| {
+                s.synchronize().unwrap();
+                let gs = s.device().new_stream().unwrap();
+                // Once on the stream before capturing: per-stream scratch is made outside the graphs.
+                let (xin, hin) = (GroupedInput::Tokens(&xs[0]), GroupedInput::Rows(&ws.h));
+                mops::gemm_grouped(
+                    &gs,
+                    r.format,
+                    xin,
+                    &dsps[0],
+                    &r.w13.0,
+                    &r.w13.1,
+                    &mut ws.gu,
+                    2 * w.inter,
+                    w.dim,
+                    true,
+                )
+                .unwrap();
+                let small = dsps[0].tile <= 16;
+                mops::gemm_grouped(&gs, r.format, hin, &dsps[0], &r.w2.0, &r.w2.1, &mut ws.y, w.dim, w.inter, small)
+                    .unwrap();
+                let gu = gs
+                    .capture(|g| {
+                        for (x, dsp) in xs.iter().zip(&dsps) {
+                            let xin = GroupedInput::Tokens(x);
+                            mops::gemm_grouped(
+                                g,
+                                r.format,
+                                xin,
+                                dsp,
+                                &r.w13.0,
+                                &r.w13.1,
+                                &mut ws.gu,
+                                2 * w.inter,
+                                w.dim,
+                                true,
+                            )?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                let dn = gs
+                    .capture(|g| {
+                        for dsp in &dsps {
+                            let hin = GroupedInput::Rows(&ws.h);
+                            mops::gemm_grouped(
+                                g,
+                                r.format,
+                                hin,
+                                dsp,
+                                &r.w2.0,
+                                &r.w2.1,
+                                &mut ws.y,
+                                w.dim,
+                                w.inter,
+                                dsp.tile <= 16,
+                            )?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                let per_call = |graph: &deepinfer_kernels_ffi::Graph| {
+                    batched_ms(&gs, 1, || graph.launch().unwrap()) / dsps.len() as f64
+                };
+                (per_call(&gu), per_call(&dn))
+            });
             earlier_fp4(false);
             let suffix = if earlier { "_earlier_kernel" } else { "" };
-            for (name, t, matrices) in [("routed_gate_up_gemm", gate_up, 2.0), ("routed_down_gemm", down, 1.0)] {
+            let graph_times = graphs.map_or([None, None], |(a, b)| [Some(a), Some(b)]);
+            for ((name, t, matrices), tg) in
+                [("routed_gate_up_gemm", gate_up, 2.0), ("routed_down_gemm", down, 1.0)].into_iter().zip(graph_times)
+            {
                 // The experts each input touches, averaged over the inputs the calls cycle through.
                 let f = matrices * active * (eb + esb) as f64 / BYTES_PER_S * 1e3 / t;
-                println!("  {name}{suffix:<16} GPU-queued {t:.4} ms  achieved/byte floor {f:.3}");
-                queued.insert(format!("{name}{suffix}"), serde_json::json!({"ms": t, "achieved_over_byte_floor": f}));
+                let fg = tg.map(|tg| matrices * active * (eb + esb) as f64 / BYTES_PER_S * 1e3 / tg);
+                let graph = tg.zip(fg).map_or(String::new(), |(tg, fg)| format!("; graph {tg:.4} ms, {fg:.3}"));
+                println!("  {name}{suffix:<16} GPU-queued {t:.4} ms  achieved/byte floor {f:.3}{graph}");
+                queued.insert(
+                    format!("{name}{suffix}"),
+                    serde_json::json!({"ms": t, "achieved_over_byte_floor": f, "graph_ms": tg, "graph_achieved_over_byte_floor": fg}),
+                );
             }
         }
     }

@@ -169,6 +169,13 @@ impl CudaBackend {
     }
 }
 
+/// Whether `stream` is recording a CUDA graph: memory made then would belong to the graph (see
+/// [`FfiError::CaptureNeedsWarmup`]).
+fn capturing(stream: &CudaStream) -> Result<bool> {
+    use cudarc::driver::sys::CUstreamCaptureStatus as S;
+    Ok(stream.capture_status()? != S::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 impl CudaBackend {
     /// Runs `f` with `stream`'s split scratch holding at least `floats` partials and `counters`
     /// zeroed counters (made or grown here, zeroed when made; kernels leave counters at zero).
@@ -180,7 +187,12 @@ impl CudaBackend {
         f: impl FnOnce(&mut SplitScratch) -> Result<R>,
     ) -> Result<R> {
         let mut all = lock(&self.split_scratch);
-        let i = match all.iter().position(|(s, _)| Arc::ptr_eq(s, stream)) {
+        let found = all.iter().position(|(s, _)| Arc::ptr_eq(s, stream));
+        let fits = found.is_some_and(|i| all[i].1.partial.len() >= floats && all[i].1.counters.len() >= counters);
+        if !fits && capturing(stream)? {
+            return Err(FfiError::CaptureNeedsWarmup { what: "the stream's split-k scratch" });
+        }
+        let i = match found {
             Some(i) => i,
             None => {
                 let scratch = SplitScratch {
@@ -208,7 +220,13 @@ impl CudaBackend {
     pub(crate) fn take_router_scratch(&self, stream: &Arc<CudaStream>, floats: usize) -> Result<CudaSlice<f32>> {
         let kept = {
             let mut all = lock(&self.router_scratch);
-            all.iter().position(|(s, _)| Arc::ptr_eq(s, stream)).map(|i| all.swap_remove(i).1)
+            let found = all.iter().position(|(s, _)| Arc::ptr_eq(s, stream));
+            // A kept buffer too small stays kept while capturing (freeing it there would free
+            // memory the graph does not own).
+            if found.is_none_or(|i| all[i].1.len() < floats) && capturing(stream)? {
+                return Err(FfiError::CaptureNeedsWarmup { what: "the stream's router scratch" });
+            }
+            found.map(|i| all.swap_remove(i).1)
         };
         match kept {
             Some(buf) if buf.len() >= floats => Ok(buf),
