@@ -709,12 +709,15 @@ template <> __device__ __forceinline__ void wgmma_dec<16>(float (&d)[8], uint64_
 // rows m .. N are zeros. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane, and
 // each warp issues U blocks' loads before using any (the loads, not the math, are the time; U = 10
 // makes 16 rows x 8 blocks one round).
+// With `signal`, each warp arrives at barrier 3 (256 threads: warp 0 waits there) once its first
+// loads are issued, so the W tiles warp 0 issues after that queue behind x, not x behind them.
 template <int N>
 __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict__ x, uint32_t m, uint32_t k,
                                                  uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w,
-                                                 int lane) {
+                                                 int lane, bool signal) {
     constexpr int U = 10;
     const uint32_t tasks = m * cnt, h = lane / 16, l = lane % 16;
+    if (signal && w * 2 * U >= tasks) named_barrier_arrive(3, 256);
     for (uint32_t first = w * 2 * U; first < tasks; first += 7 * 2 * U) {
         uint4 raw[U];
 #pragma unroll
@@ -725,6 +728,7 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
                 raw[u] = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(task % m) * k +
                                                           (task / m) * 128 + l * 8);
         }
+        if (signal && first == w * 2 * U) named_barrier_arrive(3, 256);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t task = first + 2 * u + h, t = task % m, j = task / m;
@@ -754,7 +758,8 @@ template <int N>
 __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bfloat16* __restrict__ x,
                                             const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                             float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,
-                                            uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl) {
+                                            uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl,
+                                            uint32_t pre) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ uint32_t last_split;
     pdl_trigger(pdl);
@@ -770,19 +775,30 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     ring_init(full, empty, stages, 4);  // empty: lane 0 of each consumer warp
 
+    // `pre` tiles are issued before the wait for the grid before this one; when that is fewer than
+    // cnt, the rest follow once the x loads are issued (barrier 3).
+    const bool split_issue = pre < cnt;
     if (warp == 0) {
-        if (lane == 0) {
-            tma_prefetch_map(&map_w);
-            for (uint32_t j = 0; j < cnt; ++j) {
+        auto issue_tiles = [&](uint32_t from, uint32_t to) {
+            for (uint32_t j = from; j < to; ++j) {
                 const uint32_t s = j % stages;
                 mbar_wait(&empty[s], ((j / stages) & 1) ^ 1);
                 mbar_arrive_expect_tx(&full[s], DEC_TILE);
                 tma_load_2d(ring + s * DEC_TILE, &map_w, static_cast<int32_t>((j0 + j) * 128),
                             static_cast<int32_t>(rb * DEC_ROWS), &full[s]);
             }
+        };
+        if (lane == 0) {
+            tma_prefetch_map(&map_w);
+            issue_tiles(0, split_issue ? pre : cnt);
         }
         __syncwarp();  // warp 0 reconverges before the block-wide barriers below
         pdl_wait();    // before warp 0 writes outputs below
+        if (split_issue) {
+            named_barrier(3, 256);  // warps 1-7 have issued their x loads
+            if (lane == 0) issue_tiles(pre, cnt);
+            __syncwarp();
+        }
     } else {
         // The W block scales are weights: the consumer warps load theirs (up to 64 a block; more
         // are read in the loop) before waiting for the grid before this one.
@@ -793,7 +809,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
             if (static_cast<uint32_t>(lane) + 32 < cnt) sc_hi = swr[lane + 32];
         }
         pdl_wait();
-        quantize_x_slice<N>(x + j0 * 128, m, k, cnt, xs, sxs, warp - 1, lane);
+        quantize_x_slice<N>(x + j0 * 128, m, k, cnt, xs, sxs, warp - 1, lane, split_issue);
         fence_proxy_async_smem();
         named_barrier(1, 224);  // warps 1-7: x is in place
 
@@ -893,7 +909,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 #endif
 
 #if DI_SM90
-#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl)
+#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl, pre)
 #else
 #define DI_DEC_BODY(N) __trap()
 #endif
@@ -903,12 +919,13 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 // per 128 rows of W and `per` k blocks (splits = ceil(k / 128 / per)); `stages` W tiles in flight
 // (the launcher sizes shared memory). With splits > 1: part [splits, m, n] fp32 scratch and
 // counters [ceil(n / 128)] zeros (left zero). pdl: launched with programmatic dependent launch
-// (pdl_trigger).
+// (pdl_trigger). pre: W tiles issued before the wait for the grid before (all of them when >= the
+// block's k blocks; else the rest once x's loads are issued).
 #define DI_GEMM_FP8_DEC(N)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) di_gemm_fp8_dec_n##N(                                  \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ sw, \
         __nv_bfloat16* __restrict__ y, float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,      \
-        uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl) {                                    \
+        uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl, uint32_t pre) {                      \
         DI_DEC_BODY(N);                                                                                          \
     }
 

@@ -260,6 +260,8 @@ fn gemm_case(
         let name = ops::gemm_lowp_cuda_kernel(s, f, &p).unwrap_or_default();
         let forced = ops::fp8_dec_stages();
         let name = if forced > 0 && name.starts_with("di_gemm_fp8_dec") { format!("{name}/s{forced}") } else { name };
+        let pre = ops::fp8_dec_pre();
+        let name = if pre > 0 && name.starts_with("di_gemm_fp8_dec") { format!("{name}/pre{pre}") } else { name };
         match ops::wgmma_k_splits(s, &p) {
             Some(splits) if splits > 1 => format!("{name}/k{splits}"),
             _ => name,
@@ -576,6 +578,19 @@ fn main() {
             for stages in [2u32, 3, 4, 5, 6] {
                 if wanted(&format!("gemm-stages {what} m={m} s={stages}")) {
                     let knob = (ops::set_fp8_dec_stages as fn(u32), "dec_stages", stages);
+                    results.extend(dec_forced_case(&s, &mut rng, knob, f, what, m, n, k));
+                }
+            }
+        }
+    }
+    // W tiles a block of the Hopper decode kernel issues before waiting for the grid before it (the
+    // rest once its x loads are issued): each forced value (8: every tile of the wide and the
+    // k-split W, as before the plan chose two).
+    for (f, what, n, k) in shapes.into_iter().filter(|s| s.0 == Fp8Block128) {
+        for m in [1u32, 4, 16] {
+            for pre in [1u32, 2, 3, 4, 8] {
+                if wanted(&format!("gemm-pre {what} m={m} pre={pre}")) {
+                    let knob = (ops::set_fp8_dec_pre as fn(u32), "dec_pre", pre);
                     results.extend(dec_forced_case(&s, &mut rng, knob, f, what, m, n, k));
                 }
             }

@@ -592,6 +592,20 @@ pub fn set_fp8_dec_stages(stages: u32) {
     FP8_DEC_STAGES.store(stages, std::sync::atomic::Ordering::Relaxed);
 }
 
+static FP8_DEC_PRE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Benchmark knob of the Hopper FP8 decode kernel: `pre` > 0 issues only `pre` W tiles a block
+/// before waiting for the grid before it, and the rest once the block has issued its loads of x
+/// (so x does not queue behind every block's tiles); 0 is the plan's choice.
+pub fn set_fp8_dec_pre(pre: u32) {
+    FP8_DEC_PRE.store(pre, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The value [`set_fp8_dec_pre`] set.
+pub fn fp8_dec_pre() -> u32 {
+    FP8_DEC_PRE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The value [`set_fp8_dec_stages`] set.
 pub fn fp8_dec_stages() -> u32 {
     FP8_DEC_STAGES.load(std::sync::atomic::Ordering::Relaxed)

@@ -326,6 +326,56 @@ fn gpu_decode_gemms_in_a_graph_match_direct_launches() {
     }
 }
 
+/// The Hopper decode kernel's `pre` knob (W tiles issued before the wait for the grid before; the
+/// rest after the block's x loads) changes when tiles are fetched, never the arithmetic: for wide
+/// and k-split W and 1, 5 and 16 tokens, every forced value gives the plan's output bit for bit,
+/// and the plan's output is within the GEMM tolerance of the CPU. Launched back to back (PDL) over
+/// three inputs, so a block that read x before the grid before it finished would differ.
+#[test]
+fn gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output() {
+    let Some(dev) = cuda_device_or_skip("gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output") else {
+        return;
+    };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let f = ops::WeightFormat::Fp8Block128;
+    for (n, k) in [(16384usize, 1024usize), (1024, 4096), (4096, 8192)] {
+        let (w, sc) = lowp_weights(&mut rng, f, n, k);
+        let (wb, sb) = (gpu.upload(&w).unwrap(), gpu.upload(&sc).unwrap());
+        for m in [1u32, 5, 16] {
+            let p = deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true);
+            let kernel = ops::gemm_lowp_cuda_kernel(&gpu, f, &p).unwrap_or_default();
+            if !kernel.starts_with("di_gemm_fp8_dec") {
+                continue;
+            }
+            let xs: Vec<Vec<bf16>> = (0..3).map(|_| to(&rng.vec(m as usize * k))).collect();
+            let run = |pre: u32| -> Vec<Vec<f32>> {
+                ops::set_fp8_dec_pre(pre);
+                let xb: Vec<_> = xs.iter().map(|x| gpu.upload(x).unwrap()).collect();
+                let mut ys: Vec<_> =
+                    (0..3).map(|_| gpu.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap()).collect();
+                gpu.synchronize().unwrap();
+                for (x, y) in xb.iter().zip(ys.iter_mut()) {
+                    ops::gemm_lowp(&gpu, f, x, &wb, &sb, y, &p).unwrap();
+                }
+                ops::set_fp8_dec_pre(0);
+                ys.iter().map(|y| from(&gpu.download(y).unwrap())).collect()
+            };
+            let plan = run(0);
+            for pre in [1u32, 2, 3, 7, 64] {
+                assert_eq!(run(pre), plan, "{kernel} m={m} n={n} k={k}: pre={pre} changed the output");
+            }
+            let want = gemm_on(&cpu, f, &xs[2], &w, &sc, &p);
+            let (rel, max) = rel_err(&plan[2], &want);
+            println!("parity {kernel} m={m} n={n} k={k}, pre 1-64 equal: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+            assert!(rel < BF16_TOL, "{kernel} m={m} n={n} k={k}: rel_err {rel:e}");
+        }
+    }
+}
+
 /// The streaming probe's xor on the GPU (with and without programmatic dependent launch) equals
 /// the CPU's, and a length that is not a multiple of 16 is refused naming `buf`.
 #[test]

@@ -512,6 +512,13 @@ const DEC_SMEM_LIMIT: u32 = 226 * 1024;
 const DEC_SMEM_TWO_A_SM: u32 = 228 * 1024 / 2 - 1024 - 64;
 /// The fewest k blocks (16 KiB W tiles) a block of a split decode GEMM streams.
 const DEC_MIN_PER: u32 = 2;
+/// W tiles a block of the decode GEMM issues before it waits for the grid before it; the rest go
+/// out once its x loads are issued. The memory system serves requests roughly in order, so x,
+/// read only after that wait, queued behind every block's ring (~5 us of W at wq_b's 24 MB in
+/// flight), and the ring's refills waited for x. On the H200 (benches/results/2026-12-01-decode-pre)
+/// two tiles took wq_b at m = 1 / 4 from 0.63 / 0.55 to 0.72 / 0.70 of the floor GPU-queued and
+/// wo_b at m = 1 from 0.51 to 0.60; one to five tiles were within 0.03 of that at m = 1.
+const DEC_PRE_TILES: u32 = 2;
 
 /// How the Hopper decode GEMM (`di_gemm_fp8_dec_n{tokens}`) runs one shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -526,6 +533,8 @@ pub(crate) struct DecPlan {
     pub per: u32,
     /// Blocks over k per 128-row block of W: ceil(k / 128 / per).
     pub splits: u32,
+    /// W tiles a block issues before waiting for the grid before it (>= per: all of them).
+    pub pre: u32,
 }
 
 impl DecPlan {
@@ -573,7 +582,11 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
         forced => per.min(forced),
     };
     let smem = smem(stages);
-    (smem <= DEC_SMEM_LIMIT).then_some(DecPlan { tokens, stages, smem, per, splits })
+    let pre = match crate::ops::fp8_dec_pre() {
+        0 => DEC_PRE_TILES,
+        forced => forced,
+    };
+    (smem <= DEC_SMEM_LIMIT).then_some(DecPlan { tokens, stages, smem, per, splits, pre })
 }
 
 /// y = x · Wᵀ with FP8 weights and m <= 16 on the Hopper decode kernel (`dec_plan`): one launch;
@@ -607,7 +620,8 @@ pub(crate) fn gemm_fp8_dec_launch(
         let (mut m, mut n, mut k, mut stages, mut per) = (p.m, p.n, p.k, plan.stages, plan.per);
         let pdl = be.pdl_for(s, crate::ops::pdl());
         let mut pdl_arg = pdl as u32;
-        let mut args: [*mut std::ffi::c_void; 12] = [
+        let mut pre = plan.pre;
+        let mut args: [*mut std::ffi::c_void; 13] = [
             (&mut map_w as *mut TmaMap).cast(),
             (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
             (&mut s_ptr as *mut sys::CUdeviceptr).cast(),
@@ -620,8 +634,9 @@ pub(crate) fn gemm_fp8_dec_launch(
             (&mut stages as *mut u32).cast(),
             (&mut per as *mut u32).cast(),
             (&mut pdl_arg as *mut u32).cast(),
+            (&mut pre as *mut u32).cast(),
         ];
-        // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl),
+        // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl, pre),
         // in this order and these types; the map describes w [n, k] bytes (alive until queued: its
         // sync guard); x [m, k] bf16, scale [ceil(n / 128), k / 128] and y [m, n] were checked by
         // the op; m <= tokens, k % 128 == 0, n % 16 == 0; the grid is (row blocks, splits) with
@@ -640,7 +655,7 @@ mod dec_tests {
     fn decode_plans_split_k_for_narrow_w_and_fit_shared_memory() {
         // wq_b: 256 row blocks, two blocks an SM, six (8 tokens) or four (16) tiles in flight, no split.
         let wq_b = dec_plan(4, 32768, 1024, 132).unwrap();
-        assert_eq!((wq_b.tokens, wq_b.stages, wq_b.splits, wq_b.per), (8, 6, 1, 8));
+        assert_eq!((wq_b.tokens, wq_b.stages, wq_b.splits, wq_b.per, wq_b.pre), (8, 6, 1, 8, 2));
         assert!(wq_b.smem <= DEC_SMEM_TWO_A_SM);
         let wq_b16 = dec_plan(16, 32768, 1024, 132).unwrap();
         assert_eq!((wq_b16.tokens, wq_b16.stages), (16, 4));
