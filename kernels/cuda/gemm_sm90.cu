@@ -1072,12 +1072,15 @@ constexpr uint32_t F4D_STAGES = 5;
 // j: an N-row x 128-byte tile at j N 128, 16-byte unit u of row t at u ^ (t % 8)) and the scales
 // times 2^6 into sxs[j N + t]. The four compute warps: a half-warp per (row, block), 8 values a lane,
 // U tasks' loads issued before any is used.
+// With `signal`, each warp arrives at barrier 2 (160 threads: the TMA warp waits there) once its
+// first loads of x are issued, so the W slots issued after that queue behind x.
 template <int N>
 __device__ __forceinline__ void f4d_round_x(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ gather,
                                             uint32_t gather_div, uint32_t row0, uint32_t m, uint32_t k, uint8_t* xs,
-                                            float* sxs, uint32_t warp, uint32_t lane) {
+                                            float* sxs, uint32_t warp, uint32_t lane, bool signal) {
     constexpr int U = 8;
     const uint32_t kc = k / 128, tasks = m * kc, h = lane / 16, l = lane % 16;
+    if (signal && warp * 2 * U >= tasks) named_barrier_arrive(2, 160);
     for (uint32_t first = warp * 2 * U; first < tasks; first += 4 * 2 * U) {
         uint4 raw[U];
 #pragma unroll
@@ -1090,6 +1093,7 @@ __device__ __forceinline__ void f4d_round_x(const __nv_bfloat16* __restrict__ x,
                 raw[u] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(src) * k + (task % kc) * 128 + l * 8));
             }
         }
+        if (signal && first == warp * 2 * U) named_barrier_arrive(2, 160);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t task = first + 2 * u + h, t = task / kc, j = task % kc;
@@ -1128,7 +1132,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
                                              const int32_t* __restrict__ gather, uint32_t gather_div,
                                              const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                              const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
-                                             uint32_t n, uint32_t k, uint32_t pdl) {
+                                             uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre) {
     extern __shared__ uint8_t f4d_smem_raw[];
     pdl_trigger(pdl);
     const uint32_t tiles = n / 64, kc = k / 128, groups = k / 32, pairs = (kc + 1) / 2;
@@ -1145,21 +1149,35 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     const uint32_t items = static_cast<uint32_t>(max(*num_chunks, 0)) * tiles;
     const uint32_t per = (items + gridDim.x - 1) / gridDim.x;
     const uint32_t i0 = min(blockIdx.x * per, items), i1 = min(i0 + per, items);
+    // The block's slots. A block of one or two items (a one-token batch: all of its W at once)
+    // issues `pre` of them before its x loads and the rest after (barrier 2), so x does not queue
+    // behind every block's slots; a block of more items keeps the slots first (its x is read once
+    // for many slots).
+    const uint32_t total = (i1 - i0) * pairs;
+    const bool split_issue = pre < total && i1 - i0 <= 2;
 
     if (warp == 4) {
-        if (lane == 0) {
-            // Slot j of the block's run: item i0 + j / pairs, k blocks 2 (j % pairs) and + 1.
-            uint32_t j = 0;
-            for (uint32_t it = i0; it < i1; ++it) {
-                const int4 c = __ldg(chunks + it / tiles);
-                const int32_t wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
-                for (uint32_t p = 0; p < pairs; ++p, ++j) {
-                    const uint32_t s = j % F4D_STAGES;
-                    mbar_wait(&empty[s], ((j / F4D_STAGES) & 1) ^ 1);
-                    mbar_arrive_expect_tx(&full[s], F4D_W);
-                    tma_load_2d(ring + s * F4D_W, &map_w, static_cast<int32_t>(p * 128), wrow, &full[s]);
+        // Slot j of the block's run: item i0 + j / pairs, k blocks 2 (j % pairs) and + 1.
+        auto issue_slots = [&](uint32_t from, uint32_t to) {
+            int32_t wrow = 0;
+            for (uint32_t j = from; j < to; ++j) {
+                const uint32_t it = i0 + j / pairs, p = j % pairs;
+                if (j == from || p == 0) {
+                    const int4 c = __ldg(chunks + it / tiles);
+                    wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
                 }
+                const uint32_t s = j % F4D_STAGES;
+                mbar_wait(&empty[s], ((j / F4D_STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], F4D_W);
+                tma_load_2d(ring + s * F4D_W, &map_w, static_cast<int32_t>(p * 128), wrow, &full[s]);
             }
+        };
+        if (lane == 0) issue_slots(0, split_issue ? pre : total);
+        __syncwarp();
+        if (split_issue) {
+            named_barrier(2, 160);  // the compute warps have issued their first x loads
+            if (lane == 0) issue_slots(pre, total);
+            __syncwarp();
         }
         return;
     }
@@ -1176,7 +1194,6 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     // The slots' W words a step ahead: this thread's 16 words of slot jj (k block h, step st at
     // 8 h + 2 st, row + 8 next), read once the slot has landed; the slot is free again once they
     // are widened.
-    const uint32_t total = (i1 - i0) * pairs;
     uint32_t wv[16];
     auto fetch = [&](uint32_t jj) {
         mbar_wait(&full[jj % F4D_STAGES], (jj / F4D_STAGES) & 1);
@@ -1188,7 +1205,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
             wv[2 * i + 1] = *reinterpret_cast<const uint32_t*>(wt + 8 * 128 + u);
         }
     };
-    if (total > 0) fetch(0);
+    if (total > 0 && !split_issue) fetch(0);
     uint32_t j = 0, rounded = ~0u;  // slots consumed so far; the chunk whose x is in xs
     for (uint32_t it = i0; it < i1; ++it) {
         const uint32_t z = it / tiles;
@@ -1196,11 +1213,12 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
         const uint32_t row0 = static_cast<uint32_t>(c.y), m = static_cast<uint32_t>(c.z);
         if (z != rounded) {
             named_barrier(1, 128);  // every warp is done with the previous chunk's x and scales
-            f4d_round_x<N>(x, gather, gather_div, row0, m, k, xs, sxs, warp, lane);
+            f4d_round_x<N>(x, gather, gather_div, row0, m, k, xs, sxs, warp, lane, split_issue && rounded == ~0u);
             fence_proxy_async_smem();  // written by the threads, read by the wgmmas
             named_barrier(1, 128);
             rounded = z;
         }
+        if (it == i0 && split_issue) fetch(0);  // the first slot's words, after x's loads went out
         const uint32_t rg = (it % tiles) * 64 + 16 * warp + g;
         const uint8_t* sg = sw + (static_cast<size_t>(c.x) * n + rg) * groups;
         const uint8_t* sh = sg + 8 * static_cast<size_t>(groups);
@@ -1287,7 +1305,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 }
 
 }  // namespace
-#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k, pdl)
+#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k, pdl, pre)
 #else
 #define DI_FP4Q_WG_BODY(N) __trap()
 #endif
@@ -1297,13 +1315,14 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 // sw: W's ue8m0 scales [experts * n, k / 32]; y [rows, n]; chunks (expert, first row, rows <= N, 0),
 // num_chunks[0] of them. k % 128 == 0, n % 64 == 0; the shared memory of f4d_smem<N>(k). 160
 // threads; MINB blocks an SM (registers). pdl: launched with programmatic dependent launch
-// (pdl_trigger).
+// (pdl_trigger). pre: W slots a block issues before its first x loads (all of them when >= its
+// slots; else the rest once those loads are out).
 #define DI_GEMM_FP4Q_WG(N, MINB)                                                                                \
     extern "C" __global__ void __launch_bounds__(160, MINB) di_gemm_fp4q_wg_n##N(                              \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x,                           \
         const int32_t* __restrict__ gather, uint32_t gather_div, const uint8_t* __restrict__ sw,               \
         __nv_bfloat16* __restrict__ y, const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks, \
-        uint32_t n, uint32_t k, uint32_t pdl) {                                                                \
+        uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre) {                                                  \
         DI_FP4Q_WG_BODY(N);                                                                                    \
     }
 DI_GEMM_FP4Q_WG(8, 3)

@@ -601,6 +601,21 @@ pub fn set_fp8_dec_pre(pre: u32) {
     FP8_DEC_PRE.store(pre, std::sync::atomic::Ordering::Relaxed);
 }
 
+static FP4_DEC_PRE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Benchmark knob of the Hopper grouped FP4 decode kernel (`di_gemm_fp4q_wg_n*`): `pre` > 0 issues
+/// only `pre` W slots a block before its first loads of x, and the rest after them (so x does not
+/// queue behind every block's slots; `u32::MAX`: all before, as the kernel did first); 0 is the
+/// default.
+pub fn set_fp4_dec_pre(pre: u32) {
+    FP4_DEC_PRE.store(pre, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The value [`set_fp4_dec_pre`] set.
+pub fn fp4_dec_pre() -> u32 {
+    FP4_DEC_PRE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The value [`set_fp8_dec_pre`] set.
 pub fn fp8_dec_pre() -> u32 {
     FP8_DEC_PRE.load(std::sync::atomic::Ordering::Relaxed)

@@ -15,7 +15,7 @@
 
 use deepinfer_kernels_ffi::moe::{self as mops, MoeShape, RouteBy};
 use deepinfer_kernels_ffi::ops::{
-    set_fp4_dec_wgmma, set_fp4_stream, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat,
+    set_fp4_dec_pre, set_fp4_dec_wgmma, set_fp4_stream, set_fp4_wgmma, set_moe_dispatch_small, WeightFormat,
 };
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
@@ -536,6 +536,16 @@ fn gpu_fp4_decode_gemm_takes_any_group_scales() {
             }) {
                 set_fp4_dec_wgmma(on);
                 let got = run(&s, gathered);
+                // The W slots issued before the x loads change when bytes arrive, not the sums.
+                for pre in [1u32, 2, 3, 5, u32::MAX] {
+                    set_fp4_dec_pre(pre);
+                    let forced = run(&s, gathered);
+                    set_fp4_dec_pre(0);
+                    assert_eq!(
+                        forced, got,
+                        "{kernel} tokens={tokens} gathered={gathered}: pre={pre} changed the output"
+                    );
+                }
                 set_fp4_dec_wgmma(true);
                 assert!(got.iter().all(|v| v.is_finite()), "{kernel}: non-finite output");
                 close(

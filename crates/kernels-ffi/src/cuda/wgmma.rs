@@ -343,6 +343,11 @@ pub(crate) fn fp4q_wg_grid(items: u64, cols: u32, k: u32, sm_count: u32) -> u32 
     items.min((fp4q_wg_blocks_per_sm(cols, k) * sm_count) as u64).max(1) as u32
 }
 
+/// W slots (8 KiB) a block of the grouped FP4 decode GEMM with one or two items (a one-token
+/// batch) issues before its first loads of x; the rest go out after them, so x does not queue
+/// behind every block's ring.
+const FP4_DEC_PRE_SLOTS: u32 = 2;
+
 /// The grouped FP4 decode GEMM on Hopper's FP8 tensor cores (`di_gemm_fp4q_wg_n{8,16}`): persistent
 /// blocks over (chunk, 64-row tile) items, each rounding its chunks' x rows (through `gather`) to
 /// e4m3 in shared memory itself, so the op is one launch, with programmatic dependent launch unless
@@ -392,7 +397,11 @@ pub(crate) fn gemm_fp4q_wg_launch(
     let (mut n, mut k) = (p.n, p.k);
     let pdl = be.pdl_for(s, crate::ops::pdl());
     let mut pdl_arg = pdl as u32;
-    let mut args: [*mut std::ffi::c_void; 11] = [
+    let mut pre = match crate::ops::fp4_dec_pre() {
+        0 => FP4_DEC_PRE_SLOTS,
+        forced => forced,
+    };
+    let mut args: [*mut std::ffi::c_void; 12] = [
         (&mut map_w as *mut TmaMap).cast(),
         (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut g_ptr as *mut sys::CUdeviceptr).cast(),
@@ -404,9 +413,10 @@ pub(crate) fn gemm_fp4q_wg_launch(
         (&mut n as *mut u32).cast(),
         (&mut k as *mut u32).cast(),
         (&mut pdl_arg as *mut u32).cast(),
+        (&mut pre as *mut u32).cast(),
     ];
     // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n,
-    // k, pdl), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
+    // k, pdl, pre), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
     // bytes (alive until queued: its sync guard, as every buffer here); x holds every row the
     // gather names (or p.m rows without one), scale experts * n * k / 32 bytes, y [p.m, n] (checked
     // by the op); the dispatch's chunks name experts < experts and rows < p.m, at most `tile` <=
