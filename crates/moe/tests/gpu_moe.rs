@@ -32,6 +32,33 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f64) {
     assert!(rel < tol, "{what}: rel_err {rel:e} >= {tol:e}");
 }
 
+/// A GEMM whose outputs may be near-cancelling sums of large terms, against the CPU, given each
+/// output's sum of absolute terms (`mag`: the CPU on |w| and |x|). Two checks:
+/// * every element: |got - want| <= 2^-8 |want| + 2^-9 mag. The first term is the two sides' bf16
+///   roundings. The second is Hopper's FP8 tensor-core accumulator, which keeps about 14 bits
+///   inside a 32-product k step (the DeepSeek-V3 technical report measured that on the H800), so
+///   a step's sum may be off by 32 * 2^-14 of its absolute terms.
+/// * the well-conditioned elements (mag <= 8 |want|): norm-wise rel_err < 4e-3, as the other GEMMs.
+///
+/// On the H200 the largest error seen was 3.5e-4 of its element's mag, in an element whose mag
+/// was 12x its value. That was 4.2e-3 of the value, and one such element can carry a norm-wise
+/// error past 4e-3 (seed 1796136735665942900 of the wide-scale test: 4.671e-3).
+fn close_summed(what: &str, got: &[f32], want: &[f32], mag: &[f32]) {
+    for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let bound = w.abs() / 256.0 + m / 512.0;
+        assert!(
+            (g - w).abs() <= bound,
+            "{what}: element {i} is {g:e}, the CPU's {w:e} (sum of |terms| {m:e}): off by more than {bound:e}"
+        );
+    }
+    let conditioned = |v: &[f32]| -> Vec<f32> {
+        v.iter().zip(want.iter().zip(mag)).filter(|(_, (w, m))| **m <= 8.0 * w.abs()).map(|(x, _)| *x).collect()
+    };
+    let (g, w) = (conditioned(got), conditioned(want));
+    println!("  {what}: {} of {} elements well-conditioned (sum of |terms| <= 8x the value)", w.len(), want.len());
+    close(&format!("{what}, well-conditioned elements"), &g, &w, 4e-3);
+}
+
 /// Rows of a [rows, width] permuted buffer that hold routed pairs (the rest is scratch).
 fn routed_rows(v: &[f32], rows: usize, width: usize) -> &[f32] {
     &v[..rows * width]
@@ -483,8 +510,10 @@ fn gpu_moe_layer_replays_as_a_graph() {
 /// The grouped FP4 decode GEMMs take any ue8m0 group scales: rows whose groups span 17 binades, at
 /// bases from 2^-32 to 2^32 (the Hopper FP8 tensor-core kernel scales every 32-wide group's sums on
 /// the CUDA cores, with no operand folding that a range could break), against the CPU, on every decode kernel the
-/// switches give, for 8- and 16-row chunks, gathered (gate/up) and ungathered (down) x. Tolerance
-/// as the layer's GEMMs: fp32 sums in another order, rounded once to bf16: 4e-3.
+/// switches give, for 8- and 16-row chunks, gathered (gate/up) and ungathered (down) x. Rows this
+/// wide are often near-cancelling sums of huge terms, so the check is `close_summed`: each element
+/// against its sum of absolute terms, and the well-conditioned ones norm-wise to 4e-3 as the
+/// layer's GEMMs.
 #[test]
 fn gpu_fp4_decode_gemm_takes_any_group_scales() {
     let Some(dev) = cuda_device_or_skip("gpu_fp4_decode_gemm_takes_any_group_scales") else {
@@ -517,18 +546,27 @@ fn gpu_fp4_decode_gemm_takes_any_group_scales() {
         let rows = shape.pairs();
         // Ungathered x (the down GEMM's form): a row per pair.
         let xr: Vec<bf16> = (0..rows * k as usize).map(|i| xs[i % xs.len()]).collect();
-        let run = |st: &Stream, gathered: bool| {
+        // |w| (each e2m1 code's sign bit cleared) and |x|: the CPU on these gives each output's sum
+        // of absolute terms, the scale of its accumulation error.
+        let wa: Vec<u8> = w.iter().map(|b| b & 0x77).collect();
+        let (xsa, xra): (Vec<bf16>, Vec<bf16>) = (
+            xs.iter().map(|v| bf16::from_bits(v.to_bits() & 0x7fff)).collect(),
+            xr.iter().map(|v| bf16::from_bits(v.to_bits() & 0x7fff)).collect(),
+        );
+        let run_on = |st: &Stream, gathered: bool, w: &[u8], xs: &[bf16], xr: &[bf16]| {
             let mut d = mops::MoeDispatch::with_tile(st, shape, tile).unwrap();
             mops::dispatch(st, &st.upload(&ids).unwrap(), &mut d).unwrap();
-            let (wbuf, sbuf) = (st.upload(&w).unwrap(), st.upload(&sc).unwrap());
+            let (wbuf, sbuf) = (st.upload(w).unwrap(), st.upload(&sc).unwrap());
             let mut y = st.zeros::<bf16>(rows * n as usize).unwrap();
-            let x = st.upload(if gathered { &xs } else { &xr }).unwrap();
+            let x = st.upload(if gathered { xs } else { xr }).unwrap();
             let input = if gathered { mops::GroupedInput::Tokens(&x) } else { mops::GroupedInput::Rows(&x) };
             mops::gemm_grouped(st, WeightFormat::Fp4Row32, input, &d, &wbuf, &sbuf, &mut y, n, k, true).unwrap();
             f32s(st, &y, rows * n as usize)
         };
+        let run = |st: &Stream, gathered: bool| run_on(st, gathered, &w, &xs, &xr);
         for gathered in [true, false] {
             let want = run(&cpu, gathered);
+            let mag = run_on(&cpu, gathered, &wa, &xsa, &xra);
             for (on, kernel) in switch_kernels(set_fp4_dec_wgmma, || {
                 let d = mops::MoeDispatch::with_tile(&s, shape, tile).unwrap();
                 mops::gemm_grouped_cuda_kernel(&s, WeightFormat::Fp4Row32, &d, n, k, true)
@@ -548,11 +586,12 @@ fn gpu_fp4_decode_gemm_takes_any_group_scales() {
                 }
                 set_fp4_dec_wgmma(true);
                 assert!(got.iter().all(|v| v.is_finite()), "{kernel}: non-finite output");
-                close(
+
+                close_summed(
                     &format!("fp4 decode GEMM, wide scales, {kernel} tokens={tokens} tile={tile} n={n} k={k} gathered={gathered}"),
                     &got,
                     &want,
-                    4e-3,
+                    &mag,
                 );
             }
         }
