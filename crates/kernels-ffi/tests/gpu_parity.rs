@@ -141,6 +141,13 @@ fn gpu_rope_matches_cpu() {
     check_rope::<f32>(&s, &mut rng, &tiny, 64, 4, 64, F32_TOL);
 }
 
+/// The GPU's and the CPU's default streams, and a generator on a fresh seed (printed).
+fn streams_and_rng(dev: &Device) -> (Stream, Stream, SplitMix) {
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    (dev.default_stream(), Device::cpu().default_stream(), SplitMix(seed))
+}
+
 /// Random FP8/FP4 weights and scales for an [n, k] matrix (scales near 2^0: outputs O(1)).
 fn lowp_weights(rng: &mut SplitMix, f: ops::WeightFormat, n: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
     let (wb, sb) = f.bytes(n, k);
@@ -219,11 +226,7 @@ fn gpu_gemm_fp8_act_matches_gemm_lowp() {
 #[test]
 fn gpu_decode_gemm_chain_with_pdl_matches_serial_launches() {
     let Some(dev) = cuda_device_or_skip("gpu_decode_gemm_chain_with_pdl_matches_serial_launches") else { return };
-    let gpu = dev.default_stream();
-    let cpu = Device::cpu().default_stream();
-    let seed = fresh_seed();
-    println!("seed {seed}");
-    let mut rng = SplitMix(seed);
+    let (gpu, cpu, mut rng) = streams_and_rng(&dev);
     let f = ops::WeightFormat::Fp8Block128;
     // (n, k): y_i [m, n_i] feeds stage i + 1 (k_{i+1} = n_i).
     let stages = [(4096usize, 1024usize), (1024, 4096), (16384, 1024), (1024, 16384)];
@@ -336,11 +339,7 @@ fn gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output() {
     let Some(dev) = cuda_device_or_skip("gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output") else {
         return;
     };
-    let gpu = dev.default_stream();
-    let cpu = Device::cpu().default_stream();
-    let seed = fresh_seed();
-    println!("seed {seed}");
-    let mut rng = SplitMix(seed);
+    let (gpu, cpu, mut rng) = streams_and_rng(&dev);
     let f = ops::WeightFormat::Fp8Block128;
     for (n, k) in [(16384usize, 1024usize), (1024, 4096), (4096, 8192)] {
         let (w, sc) = lowp_weights(&mut rng, f, n, k);

@@ -164,14 +164,20 @@ fn case(
     };
     let (r, sh) = (&w.routed, w.shared.as_ref().unwrap());
     // The layer's routed gate/up and down GEMMs on a dispatch (the stage rows and the GPU-queued rows).
-    let gate_up_gemm = |x: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, gu: &mut DeviceBuffer<bf16>| {
+    // On a given stream (the graph rows capture them on a stream of their own).
+    let gate_up_on = |st: &Stream, x: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, gu: &mut DeviceBuffer<bf16>| {
         let xin = GroupedInput::Tokens(x);
-        mops::gemm_grouped(s, r.format, xin, dsp, &r.w13.0, &r.w13.1, gu, 2 * w.inter, w.dim, true).unwrap()
+        mops::gemm_grouped(st, r.format, xin, dsp, &r.w13.0, &r.w13.1, gu, 2 * w.inter, w.dim, true)
     };
-    let down_gemm = |h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| {
+    let down_on = |st: &Stream, h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| {
         let hin = GroupedInput::Rows(h);
-        mops::gemm_grouped(s, r.format, hin, dsp, &r.w2.0, &r.w2.1, y, w.dim, w.inter, dsp.tile <= 16).unwrap()
+        mops::gemm_grouped(st, r.format, hin, dsp, &r.w2.0, &r.w2.1, y, w.dim, w.inter, dsp.tile <= 16)
     };
+    let gate_up_gemm = |x: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, gu: &mut DeviceBuffer<bf16>| {
+        gate_up_on(s, x, dsp, gu).unwrap()
+    };
+    let down_gemm =
+        |h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| down_on(s, h, dsp, y).unwrap();
     let pairs = tokens * w.top_k;
     let mut stages = serde_json::Map::new();
     stages.insert(
@@ -348,77 +354,31 @@ fn case(
             }
             earlier_fp4(earlier);
             let mut q = 0;
-            let gate_up = batched_ms(s, batch, || {
-                q = (q + 1) % dsps.len();
-                gate_up_gemm(&xs[q], &dsps[q], &mut ws.gu)
-            });
-            let down = batched_ms(s, batch, || {
-                q = (q + 1) % dsps.len();
-                down_gemm(&ws.h, &dsps[q], &mut ws.y)
-            });
+            // Gate/up, then down, each `batch` calls back to back on the inputs' routings in turn.
+            let time_both = |q: &mut usize, ws: &mut MoeWorkspace| {
+                let gate_up = batched_ms(s, batch, || {
+                    *q = (*q + 1) % dsps.len();
+                    gate_up_gemm(&xs[*q], &dsps[*q], &mut ws.gu)
+                });
+                let down = batched_ms(s, batch, || {
+                    *q = (*q + 1) % dsps.len();
+                    down_gemm(&ws.h, &dsps[*q], &mut ws.y)
+                });
+                (gate_up, down)
+            };
+            let (gate_up, down) = time_both(&mut q, &mut ws);
             // The same calls as a captured decode step runs them: CUDA graphs of `inputs` calls
             // (one on each input's routing), replayed in turn (the current kernels only).
             let graphs = (!earlier).then(|| {
                 s.synchronize().unwrap();
                 let gs = s.device().new_stream().unwrap();
                 // Once on the stream before capturing: per-stream scratch is made outside the graphs.
-                let (xin, hin) = (GroupedInput::Tokens(&xs[0]), GroupedInput::Rows(&ws.h));
-                mops::gemm_grouped(
-                    &gs,
-                    r.format,
-                    xin,
-                    &dsps[0],
-                    &r.w13.0,
-                    &r.w13.1,
-                    &mut ws.gu,
-                    2 * w.inter,
-                    w.dim,
-                    true,
-                )
-                .unwrap();
-                let small = dsps[0].tile <= 16;
-                mops::gemm_grouped(&gs, r.format, hin, &dsps[0], &r.w2.0, &r.w2.1, &mut ws.y, w.dim, w.inter, small)
-                    .unwrap();
+                gate_up_on(&gs, &xs[0], &dsps[0], &mut ws.gu).unwrap();
+                down_on(&gs, &ws.h, &dsps[0], &mut ws.y).unwrap();
                 let gu = gs
-                    .capture(|g| {
-                        for (x, dsp) in xs.iter().zip(&dsps) {
-                            let xin = GroupedInput::Tokens(x);
-                            mops::gemm_grouped(
-                                g,
-                                r.format,
-                                xin,
-                                dsp,
-                                &r.w13.0,
-                                &r.w13.1,
-                                &mut ws.gu,
-                                2 * w.inter,
-                                w.dim,
-                                true,
-                            )?;
-                        }
-                        Ok(())
-                    })
+                    .capture(|g| xs.iter().zip(&dsps).try_for_each(|(x, dsp)| gate_up_on(g, x, dsp, &mut ws.gu)))
                     .unwrap();
-                let dn = gs
-                    .capture(|g| {
-                        for dsp in &dsps {
-                            let hin = GroupedInput::Rows(&ws.h);
-                            mops::gemm_grouped(
-                                g,
-                                r.format,
-                                hin,
-                                dsp,
-                                &r.w2.0,
-                                &r.w2.1,
-                                &mut ws.y,
-                                w.dim,
-                                w.inter,
-                                dsp.tile <= 16,
-                            )?;
-                        }
-                        Ok(())
-                    })
-                    .unwrap();
+                let dn = gs.capture(|g| dsps.iter().try_for_each(|dsp| down_on(g, &ws.h, dsp, &mut ws.y))).unwrap();
                 let per_call = |graph: &deepinfer_kernels_ffi::Graph| {
                     batched_ms(&gs, 1, || graph.launch().unwrap()) / dsps.len() as f64
                 };
@@ -428,14 +388,7 @@ fn case(
             if !earlier {
                 for pre in [1u32, 2, 3, 5, u32::MAX] {
                     set_fp4_dec_pre(pre);
-                    let gu = batched_ms(s, batch, || {
-                        q = (q + 1) % dsps.len();
-                        gate_up_gemm(&xs[q], &dsps[q], &mut ws.gu)
-                    });
-                    let dn = batched_ms(s, batch, || {
-                        q = (q + 1) % dsps.len();
-                        down_gemm(&ws.h, &dsps[q], &mut ws.y)
-                    });
+                    let (gu, dn) = time_both(&mut q, &mut ws);
                     set_fp4_dec_pre(0);
                     let label = if pre == u32::MAX { "all".to_string() } else { pre.to_string() };
                     for (name, t, matrices) in [("routed_gate_up_gemm", gu, 2.0), ("routed_down_gemm", dn, 1.0)] {
