@@ -526,8 +526,8 @@ const DEC_MIN_PER: u32 = 2;
 /// out once its x loads are issued. The memory system serves requests roughly in order, so x,
 /// read only after that wait, queued behind every block's ring (~5 us of W at wq_b's 24 MB in
 /// flight), and the ring's refills waited for x. On the H200 (benches/results/2026-12-01-decode-pre)
-/// two tiles took wq_b at m = 1 / 4 from 0.63 / 0.55 to 0.72 / 0.70 of the floor GPU-queued and
-/// wo_b at m = 1 from 0.51 to 0.60; one to five tiles were within 0.03 of that at m = 1.
+/// two tiles took wq_b at m = 1 / 4 from 0.667 / 0.596 to 0.759 / 0.733 of the floor GPU-queued
+/// and wo_b at m = 1 from 0.538 to 0.643; one to four tiles were within 0.04 of that at m = 1.
 const DEC_PRE_TILES: u32 = 2;
 
 /// How the Hopper decode GEMM (`di_gemm_fp8_dec_n{tokens}`) runs one shape.
