@@ -348,6 +348,9 @@ fn case(
                 dsp
             })
             .collect();
+        // Achieved / byte floor of a call taking `t` ms over `matrices` weight matrices of the experts
+        // each input touches (averaged over the inputs the calls cycle through).
+        let of_floor = |matrices: f64, t: f64| matrices * active * expert_bytes / BYTES_PER_S * 1e3 / t;
         for earlier in [false, true] {
             if earlier && kernels_off == kernels_on {
                 continue;
@@ -392,7 +395,7 @@ fn case(
                     set_fp4_dec_pre(0);
                     let label = if pre == u32::MAX { "all".to_string() } else { pre.to_string() };
                     for (name, t, matrices) in [("routed_gate_up_gemm", gu, 2.0), ("routed_down_gemm", dn, 1.0)] {
-                        let f = matrices * active * (eb + esb) as f64 / BYTES_PER_S * 1e3 / t;
+                        let f = of_floor(matrices, t);
                         println!("  {name}_pre_{label:<10} GPU-queued {t:.4} ms  achieved/byte floor {f:.3}");
                         queued.insert(
                             format!("{name}_pre_{label}"),
@@ -407,9 +410,8 @@ fn case(
             for ((name, t, matrices), tg) in
                 [("routed_gate_up_gemm", gate_up, 2.0), ("routed_down_gemm", down, 1.0)].into_iter().zip(graph_times)
             {
-                // The experts each input touches, averaged over the inputs the calls cycle through.
-                let f = matrices * active * (eb + esb) as f64 / BYTES_PER_S * 1e3 / t;
-                let fg = tg.map(|tg| matrices * active * (eb + esb) as f64 / BYTES_PER_S * 1e3 / tg);
+                let f = of_floor(matrices, t);
+                let fg = tg.map(|tg| of_floor(matrices, tg));
                 let graph = tg.zip(fg).map_or(String::new(), |(tg, fg)| format!("; graph {tg:.4} ms, {fg:.3}"));
                 println!("  {name}{suffix:<16} GPU-queued {t:.4} ms  achieved/byte floor {f:.3}{graph}");
                 queued.insert(
