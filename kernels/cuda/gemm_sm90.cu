@@ -759,7 +759,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
                                             const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                             float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,
                                             uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl,
-                                            uint32_t pre) {
+                                            uint32_t pre, uint32_t cluster) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ uint32_t last_split;
     pdl_trigger(pdl);
@@ -885,6 +885,23 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
         }
         return;
     }
+    if (cluster > 1) {
+        // The row block's splits are one cluster (rank = blockIdx.y). Each block adds its share of
+        // the 128 rows over every split's outputs, read from the blocks' shared memory in split
+        // order: the scratch path's sums, bit for bit, without its round trips through L2.
+        cluster_sync();  // every split's outputs are in its shared memory
+        const uint32_t share = (DEC_ROWS + gridDim.y - 1) / gridDim.y, r0 = blockIdx.y * share;
+        const uint32_t red_addr = smem_addr(red);
+        for (uint32_t q = threadIdx.x; q < share * m; q += blockDim.x) {
+            const uint32_t r = r0 + q % share, t = q / share, row = rb * DEC_ROWS + r;
+            if (r >= DEC_ROWS || row >= n) continue;
+            float sum = 0.f;
+            for (uint32_t sp = 0; sp < gridDim.y; ++sp) sum += ld_cluster_f32(mapa_shared(red_addr + (r * N + t) * 4, sp));
+            y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(sum);
+        }
+        cluster_sync();  // no block leaves while another reads its shared memory
+        return;
+    }
     for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
         const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
         if (t < m && row < n) part[(static_cast<size_t>(blockIdx.y) * m + t) * n + row] = red[r * N + t];
@@ -909,7 +926,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 #endif
 
 #if DI_SM90
-#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl, pre)
+#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl, pre, cluster)
 #else
 #define DI_DEC_BODY(N) __trap()
 #endif
@@ -917,15 +934,17 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 // map_w: W bytes [n, k] (box 128 rows x 128, 128-byte swizzle); x bf16 [m, k]; sw [ceil(n / 128),
 // k / 128] ue8m0; y [m, n]. m <= N, k % 128 == 0, n % 16 == 0. Grid (ceil(n / 128), splits): a block
 // per 128 rows of W and `per` k blocks (splits = ceil(k / 128 / per)); `stages` W tiles in flight
-// (the launcher sizes shared memory). With splits > 1: part [splits, m, n] fp32 scratch and
-// counters [ceil(n / 128)] zeros (left zero). pdl: launched with programmatic dependent launch
-// (pdl_trigger). pre: W tiles issued before the wait for the grid before (all of them when >= the
-// block's k blocks; else the rest once x's loads are issued).
+// (the launcher sizes shared memory). With splits > 1 and cluster == splits (launched in clusters
+// of the splits along y): the splits add up in the cluster's shared memory; with splits > 1 and
+// cluster == 1: part [splits, m, n] fp32 scratch and counters [ceil(n / 128)] zeros (left zero).
+// pdl: launched with programmatic dependent launch (pdl_trigger). pre: W tiles issued before the
+// wait for the grid before (all of them when >= the block's k blocks; else the rest once x's loads
+// are issued).
 #define DI_GEMM_FP8_DEC(N)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) di_gemm_fp8_dec_n##N(                                  \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ sw, \
         __nv_bfloat16* __restrict__ y, float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,      \
-        uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl, uint32_t pre) {                      \
+        uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl, uint32_t pre, uint32_t cluster) {    \
         DI_DEC_BODY(N);                                                                                          \
     }
 

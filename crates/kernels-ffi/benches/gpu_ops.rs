@@ -262,8 +262,10 @@ fn gemm_case(
         let name = if forced > 0 && name.starts_with("di_gemm_fp8_dec") { format!("{name}/s{forced}") } else { name };
         let pre = ops::fp8_dec_pre();
         let name = if pre > 0 && name.starts_with("di_gemm_fp8_dec") { format!("{name}/pre{pre}") } else { name };
+        // k splits, and "c" where they add up in a cluster's shared memory.
+        let cluster = if ops::fp8_dec_cluster_blocks(s, &p).is_some_and(|c| c > 1) { "c" } else { "" };
         match ops::wgmma_k_splits(s, &p) {
-            Some(splits) if splits > 1 => format!("{name}/k{splits}"),
+            Some(splits) if splits > 1 => format!("{name}/k{splits}{cluster}"),
             _ => name,
         }
     };
@@ -593,6 +595,22 @@ fn main() {
                     let knob = (ops::set_fp8_dec_pre as fn(u32), "dec_pre", pre);
                     results.extend(dec_forced_case(&s, &mut rng, knob, f, what, m, n, k));
                 }
+            }
+        }
+    }
+    // Where the k splits of the Hopper decode kernel add up: the cluster's shared memory (the
+    // default where the clusters fit) against the stream's split scratch (the route before).
+    for (f, what, n, k) in shapes.into_iter().filter(|s| s.0 == Fp8Block128) {
+        for m in [1u32, 4] {
+            let p = GemmParams::new(m, n as u32, k as u32, true);
+            if wanted(&format!("gemm-cluster {what} m={m}"))
+                && ops::fp8_dec_cluster_blocks(&s, &p).is_some_and(|c| c > 1)
+            {
+                ops::set_fp8_dec_cluster(false);
+                let mut r = gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain);
+                ops::set_fp8_dec_cluster(true);
+                r["dec_cluster"] = false.into();
+                results.push(r);
             }
         }
     }

@@ -601,6 +601,21 @@ pub fn set_fp8_dec_pre(pre: u32) {
     FP8_DEC_PRE.store(pre, std::sync::atomic::Ordering::Relaxed);
 }
 
+static FP8_DEC_CLUSTER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Benchmark knob of the Hopper FP8 decode kernel: with `on` (the default) a k-split GEMM whose
+/// splits fit one cluster (at most 16 blocks) and whose clusters all fit on the GPU at once adds
+/// its splits' partials through the cluster's shared memory; off, through the stream's global
+/// split scratch as before. Both add in split order: the same bits.
+pub fn set_fp8_dec_cluster(on: bool) {
+    FP8_DEC_CLUSTER.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The value [`set_fp8_dec_cluster`] set.
+pub fn fp8_dec_cluster() -> bool {
+    FP8_DEC_CLUSTER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static FP4_DEC_PRE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Benchmark knob of the Hopper grouped FP4 decode kernel (`di_gemm_fp4q_wg_n*`): `pre` > 0 issues
@@ -655,6 +670,26 @@ pub fn wgmma_k_splits(stream: &Stream, p: &GemmParams) -> Option<u32> {
                 let form = crate::cuda::wgmma::gemm_wgmma_form(p.m, p.k);
                 crate::cuda::wgmma::gemm_wgmma_splits(form, p.m, p.n, p.k, b.sm_count())
             })
+        }
+        _ => {
+            let _ = p;
+            None
+        }
+    }
+}
+
+/// Blocks per cluster in which the Hopper decode GEMM (`di_gemm_fp8_dec_*`) adds its k splits for
+/// this shape on `stream`'s GPU: the splits when they add up in the cluster's shared memory, else 1
+/// (one split, or the stream's split scratch; [`set_fp8_dec_cluster`]). `None` where that kernel
+/// does not run.
+pub fn fp8_dec_cluster_blocks(stream: &Stream, p: &GemmParams) -> Option<u32> {
+    match stream.device() {
+        #[cfg(feature = "cuda")]
+        crate::device::Device::Cuda(b) => {
+            let kernel = gemm_lowp_cuda_kernel(stream, WeightFormat::Fp8Block128, p)?;
+            let plan = crate::cuda::wgmma::dec_plan(p.m, p.n, p.k, b.sm_count())
+                .filter(|_| kernel.starts_with("di_gemm_fp8_dec"))?;
+            crate::cuda::wgmma::dec_clusters(b, plan, p.n).ok().map(|c| c.1)
         }
         _ => {
             let _ = p;

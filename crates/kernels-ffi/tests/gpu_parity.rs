@@ -270,9 +270,10 @@ fn gpu_decode_gemm_chain_with_pdl_matches_serial_launches() {
     }
 }
 
-/// Decode GEMMs captured in a CUDA graph, as an engine captures a decode step: a narrow W (k split
-/// inside the launch, through the stream's split scratch) then a wide one reading its output.
-/// Captured on a fresh stream before any direct call, the split GEMM is refused with
+/// Decode GEMMs captured in a CUDA graph, as an engine captures a decode step: a narrow W whose k
+/// splits (32, more than a cluster holds) add up through the stream's split scratch, a narrow W
+/// reading its output whose 4 splits add up in a cluster's shared memory, then a wide W.
+/// Captured on a fresh stream before any direct call, the scratch GEMM is refused with
 /// `CaptureNeedsWarmup` (its scratch would belong to the graph, which then could not be replayed);
 /// after one direct call on that stream the capture works, and three replays, each on a fresh x
 /// written into the graph's input between them, give bit for bit what direct launches give.
@@ -284,59 +285,74 @@ fn gpu_decode_gemms_in_a_graph_match_direct_launches() {
     let mut rng = SplitMix(seed);
     let f = ops::WeightFormat::Fp8Block128;
     let m = 1u32;
-    let stages = [(1024usize, 4096usize), (16384, 1024)];
+    // (n, k): each stage's n is the next one's k.
+    let stages = [(1024usize, 8192usize), (4096, 1024), (16384, 4096)];
     let gs = dev.new_stream().unwrap();
     let params: Vec<_> =
         stages.iter().map(|&(n, k)| deepinfer_kernels_ffi::GemmParams::new(m, n as u32, k as u32, true)).collect();
-    assert!(
-        ops::wgmma_k_splits(&gs, &params[0]).is_none_or(|splits| splits > 1),
-        "stage 0 is meant to split k on a Hopper"
-    );
+    let hopper = ops::wgmma_k_splits(&gs, &params[0]).is_some();
+    if hopper {
+        let route: Vec<_> = params
+            .iter()
+            .map(|p| (ops::wgmma_k_splits(&gs, p).unwrap(), ops::fp8_dec_cluster_blocks(&gs, p).unwrap()))
+            .collect();
+        println!("stages (splits, cluster): {route:?}");
+        assert!(route[0].0 > 1 && route[0].1 == 1, "stage 0 is meant to split k through the scratch: {route:?}");
+        assert!(route[1].0 > 1 && route[1].1 == route[1].0, "stage 1 is meant to split k in a cluster: {route:?}");
+        assert!(route[2].0 == 1, "stage 2 is meant to be one split a row block: {route:?}");
+    }
     let weights: Vec<_> = stages.iter().map(|&(n, k)| lowp_weights(&mut rng, f, n, k)).collect();
     let wdev: Vec<_> = weights.iter().map(|(w, sc)| (gs.upload(w).unwrap(), gs.upload(sc).unwrap())).collect();
+    let nan = |len: usize| gs.upload(&to::<bf16>(&vec![f32::NAN; len])).unwrap();
     let mut x = gs.zeros::<bf16>(m as usize * stages[0].1).unwrap();
-    let mut h = gs.zeros::<bf16>(m as usize * stages[0].0).unwrap();
-    let mut y = gs.zeros::<bf16>(m as usize * stages[1].0).unwrap();
-    let step = |st: &Stream, x: &DeviceBuffer<bf16>, h: &mut DeviceBuffer<bf16>, y: &mut DeviceBuffer<bf16>| {
+    let mut outs: Vec<_> = stages.iter().map(|&(n, _)| nan(m as usize * n)).collect();
+    let step = |st: &Stream, x: &DeviceBuffer<bf16>, outs: &mut [DeviceBuffer<bf16>]| {
+        let (h, rest) = outs.split_first_mut().unwrap();
+        let (g, rest) = rest.split_first_mut().unwrap();
         ops::gemm_lowp(st, f, x, &wdev[0].0, &wdev[0].1, h, &params[0])?;
-        ops::gemm_lowp(st, f, h, &wdev[1].0, &wdev[1].1, y, &params[1])
+        ops::gemm_lowp(st, f, h, &wdev[1].0, &wdev[1].1, g, &params[1])?;
+        ops::gemm_lowp(st, f, g, &wdev[2].0, &wdev[2].1, &mut rest[0], &params[2])
     };
-    let splits = ops::wgmma_k_splits(&gs, &params[0]).unwrap_or(1);
-    if splits > 1 {
-        let refused = gs.capture(|st| step(st, &x, &mut h, &mut y));
+    if hopper {
+        let refused = gs.capture(|st| step(st, &x, &mut outs));
         match refused {
             Err(deepinfer_kernels_ffi::FfiError::CaptureNeedsWarmup { .. }) => {}
             Err(e) => panic!("a split GEMM captured before any direct call: {e}"),
             Ok(_) => panic!("a split GEMM captured before any direct call was not refused"),
         }
     }
-    step(&gs, &x, &mut h, &mut y).unwrap();
-    let graph = gs.capture(|st| step(st, &x, &mut h, &mut y)).unwrap();
+    step(&gs, &x, &mut outs).unwrap();
+    let graph = gs.capture(|st| step(st, &x, &mut outs)).unwrap();
+    let last = stages.len() - 1;
     for round in 0..3 {
         let xv: Vec<bf16> = to(&rng.vec(m as usize * stages[0].1));
         gs.write(&mut x, &xv).unwrap();
-        gs.write(&mut y, &to::<bf16>(&vec![f32::NAN; m as usize * stages[1].0])).unwrap();
+        gs.write(&mut outs[last], &to::<bf16>(&vec![f32::NAN; m as usize * stages[last].0])).unwrap();
         graph.launch().unwrap();
-        let replayed = from(&gs.download(&y).unwrap());
+        let replayed = from(&gs.download(&outs[last]).unwrap());
         let xd = gs.upload(&xv).unwrap();
-        let mut hd = gs.zeros::<bf16>(m as usize * stages[0].0).unwrap();
-        let mut yd = gs.upload(&to::<bf16>(&vec![f32::NAN; m as usize * stages[1].0])).unwrap();
-        step(&gs, &xd, &mut hd, &mut yd).unwrap();
-        let direct = from(&gs.download(&yd).unwrap());
-        assert!(replayed.iter().all(|v| v.is_finite()), "round {round}: the replay left NaN in y");
-        assert_eq!(replayed, direct, "round {round}: the graph's output differs from direct launches (k{splits})");
-        println!("graph round {round}: k{splits} then wide W, {} outputs equal to direct launches", direct.len());
+        let mut direct_outs: Vec<_> = stages.iter().map(|&(n, _)| nan(m as usize * n)).collect();
+        step(&gs, &xd, &mut direct_outs).unwrap();
+        let direct = from(&gs.download(&direct_outs[last]).unwrap());
+        assert!(replayed.iter().all(|v| v.is_finite()), "round {round}: the replay left NaN in the output");
+        assert_eq!(replayed, direct, "round {round}: the graph's output differs from direct launches");
+        println!(
+            "graph round {round}: scratch split, cluster split, wide: {} outputs equal to direct launches",
+            direct.len()
+        );
     }
 }
 
 /// The Hopper decode kernel's `pre` knob (W tiles issued before the wait for the grid before; the
-/// rest after the block's x loads) changes when tiles are fetched, never the arithmetic: for wide
-/// and k-split W and 1, 5 and 16 tokens, every forced value gives the plan's output bit for bit,
-/// and the plan's output is within the GEMM tolerance of the CPU. Launched back to back (PDL) over
-/// three inputs, so a block that read x before the grid before it finished would differ.
+/// rest after the block's x loads) changes when tiles are fetched, and its cluster switch (k splits
+/// added in a cluster's shared memory or through the stream's scratch) where the partials travel,
+/// never the arithmetic: for wide and k-split W (8 and 16 splits) and 1, 5 and 16 tokens, every
+/// forced value and both routes give the plan's output bit for bit, and the plan's output is within
+/// the GEMM tolerance of the CPU. Launched back to back (PDL) over three inputs, so a block that
+/// read x before the grid before it finished would differ.
 #[test]
-fn gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output() {
-    let Some(dev) = cuda_device_or_skip("gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output") else {
+fn gpu_decode_gemm_issue_order_and_split_route_do_not_change_the_output() {
+    let Some(dev) = cuda_device_or_skip("gpu_decode_gemm_issue_order_and_split_route_do_not_change_the_output") else {
         return;
     };
     let (gpu, cpu, mut rng) = streams_and_rng(&dev);
@@ -351,8 +367,9 @@ fn gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output() {
                 continue;
             }
             let xs: Vec<Vec<bf16>> = (0..3).map(|_| to(&rng.vec(m as usize * k))).collect();
-            let run = |pre: u32| -> Vec<Vec<f32>> {
+            let run = |pre: u32, cluster: bool| -> Vec<Vec<f32>> {
                 ops::set_fp8_dec_pre(pre);
+                ops::set_fp8_dec_cluster(cluster);
                 let xb: Vec<_> = xs.iter().map(|x| gpu.upload(x).unwrap()).collect();
                 let mut ys: Vec<_> =
                     (0..3).map(|_| gpu.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap()).collect();
@@ -361,15 +378,19 @@ fn gpu_decode_gemm_tiles_before_the_wait_do_not_change_the_output() {
                     ops::gemm_lowp(&gpu, f, x, &wb, &sb, y, &p).unwrap();
                 }
                 ops::set_fp8_dec_pre(0);
+                ops::set_fp8_dec_cluster(true);
                 ys.iter().map(|y| from(&gpu.download(y).unwrap())).collect()
             };
-            let plan = run(0);
+            let cluster = ops::fp8_dec_cluster_blocks(&gpu, &p).unwrap_or(1);
+            let plan = run(0, true);
             for pre in [1u32, 2, 3, 7, 64] {
-                assert_eq!(run(pre), plan, "{kernel} m={m} n={n} k={k}: pre={pre} changed the output");
+                assert_eq!(run(pre, true), plan, "{kernel} m={m} n={n} k={k}: pre={pre} changed the output");
             }
+            assert_eq!(run(0, false), plan, "{kernel} m={m} n={n} k={k}: the scratch route changed the output");
+            let kernel = format!("{kernel}/c{cluster}");
             let want = gemm_on(&cpu, f, &xs[2], &w, &sc, &p);
             let (rel, max) = rel_err(&plan[2], &want);
-            println!("parity {kernel} m={m} n={n} k={k}, pre 1-64 equal: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+            println!("parity {kernel} m={m} n={n} k={k}, pre 1-64 and the scratch route equal: rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
             assert!(rel < BF16_TOL, "{kernel} m={m} n={n} k={k}: rel_err {rel:e}");
         }
     }

@@ -18,6 +18,8 @@ pub struct CudaBackend {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Dynamic shared-memory limits raised so far, per function (`function_with_smem`).
     smem_limits: Mutex<HashMap<String, u32>>,
+    /// How many clusters of each shape this GPU holds at once (`max_active_clusters`).
+    cluster_room: Mutex<HashMap<ClusterShape, u32>>,
     /// cuBLASLt handles (each with its 32 MiB workspace) per stream, made on first use.
     blas_lt: Mutex<Vec<(Arc<CudaStream>, Arc<cudarc::cublaslt::CudaBlasLT>)>>,
     /// Compute capability (major, minor): kernels built for sm_90a only (wgmma) run on (9, 0).
@@ -38,10 +40,14 @@ pub struct CudaBackend {
     waited: Mutex<std::collections::HashSet<usize>>,
 }
 
-/// Scratch of a GEMM whose k splits add up inside the launch (`di_gemm_fp8_dec_*` with several
-/// splits): fp32 partial sums, and a counter per row block that the last block of the row block
-/// leaves at zero for the next launch. Kept per stream (launches on one stream are ordered) and
-/// not allocated per call, so no allocation sits between two launches that overlap
+/// A kernel's clusters as the driver sizes them: (function, dynamic shared memory, block threads,
+/// blocks of the cluster along x and y).
+type ClusterShape = (String, u32, u32, (u32, u32));
+
+/// Scratch of a GEMM whose k splits add up inside the launch through global memory
+/// (`di_gemm_fp8_dec_*` with several splits and no cluster): fp32 partial sums, and a counter per
+/// row block that the last block of the row block leaves at zero for the next launch. Kept per
+/// stream (launches on one stream are ordered) and not allocated per call, so no allocation sits between two launches that overlap
 /// (programmatic dependent launch).
 pub(crate) struct SplitScratch {
     pub partial: CudaSlice<f32>,
@@ -94,6 +100,7 @@ impl CudaBackend {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             smem_limits: Mutex::new(HashMap::new()),
+            cluster_room: Mutex::new(HashMap::new()),
             blas_lt: Mutex::new(Vec::new()),
             capability,
             sm_count: sm_count.max(1) as u32,
@@ -267,27 +274,64 @@ impl CudaBackend {
         pdl: bool,
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<()> {
+        // SAFETY: the caller's guarantees are this one's.
+        unsafe { self.launch_ex_clusters(stream, f, cfg, pdl, (1, 1), args) }
+    }
+
+    /// [`CudaBackend::launch_ex`] with the grid in clusters of `cluster` = (x, y) blocks ((1, 1): no
+    /// clusters), whose blocks are co-scheduled and share their shared memory (`mapa`, sm90.cuh).
+    /// Sizes above 8 need [`CudaBackend::max_active_clusters`] asked first (it allows them on `f`).
+    ///
+    /// # Safety
+    /// As [`CudaBackend::launch_ex`]; the grid's x and y must be multiples of the cluster's.
+    pub(crate) unsafe fn launch_ex_clusters(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        pdl: bool,
+        cluster: (u32, u32),
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread()?;
-        // SAFETY: a zeroed attribute is valid; the id and value set are the documented pair.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(pdl),
-        };
-        // SAFETY: the caller guarantees the arguments; config and attr outlive the call.
+        let mut attrs = launch_attrs(pdl, cluster);
+        let config = launch_config(cfg, stream.cu_stream(), &mut attrs);
+        // SAFETY: the caller guarantees the arguments; config and attrs outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
         Ok(())
+    }
+
+    /// How many clusters of `cluster` = (x, y) blocks of `f` (`cfg`'s block and shared memory) this
+    /// GPU holds at once (`cuOccupancyMaxActiveClusters`; 0 where the driver refuses the size),
+    /// asked once per function, shared memory, block and cluster. Allows sizes above 8
+    /// (non-portable) on `f`.
+    pub(crate) fn max_active_clusters(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        cluster: (u32, u32),
+    ) -> Result<u32> {
+        use cudarc::driver::sys;
+        let key = (name.to_string(), cfg.shared_mem_bytes, cfg.block_dim.0, cluster);
+        if let Some(n) = lock(&self.cluster_room).get(&key) {
+            return Ok(*n);
+        }
+        self.ctx.bind_to_thread()?;
+        if cluster.0 * cluster.1 > 8 {
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)?;
+        }
+        let mut attrs = launch_attrs(false, cluster);
+        // The grid must be a multiple of the cluster; its size does not enter the answer.
+        let one = LaunchConfig { grid_dim: (cluster.0, cluster.1, 1), ..cfg };
+        let config = launch_config(one, std::ptr::null_mut(), &mut attrs);
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: config and attrs outlive the call; `n` is written by it.
+        let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &config) };
+        let n = if r == sys::CUresult::CUDA_SUCCESS { n.max(0) as u32 } else { 0 };
+        lock(&self.cluster_room).insert(key, n);
+        Ok(n)
     }
 
     /// Note that `stream` now waits for an event of another stream ([`crate::Stream::wait_event`]):
@@ -316,8 +360,80 @@ impl CudaBackend {
     }
 }
 
+/// The launch attributes of [`CudaBackend::launch_ex_clusters`]: programmatic dependent launch when
+/// `pdl`, clusters of `cluster` = (x, y) blocks when that is not (1, 1). Only the first `n` of the
+/// pair are set (the count travels with them).
+fn launch_attrs(pdl: bool, cluster: (u32, u32)) -> ([cudarc::driver::sys::CUlaunchAttribute; 2], u32) {
+    use cudarc::driver::sys;
+    // SAFETY: zeroed attributes are valid; each id set below is paired with its documented value.
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut n = 0;
+    if pdl {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
+    if cluster != (1, 1) {
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[n].value.clusterDim.x = cluster.0;
+        attrs[n].value.clusterDim.y = cluster.1;
+        attrs[n].value.clusterDim.z = 1;
+        n += 1;
+    }
+    (attrs, n as u32)
+}
+
+/// `cfg` on `stream` with the attributes of [`launch_attrs`] (which must outlive the result).
+fn launch_config(
+    cfg: LaunchConfig,
+    stream: cudarc::driver::sys::CUstream,
+    attrs: &mut ([cudarc::driver::sys::CUlaunchAttribute; 2], u32),
+) -> cudarc::driver::sys::CUlaunchConfig {
+    cudarc::driver::sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream,
+        attrs: attrs.0.as_mut_ptr(),
+        numAttrs: attrs.1,
+    }
+}
+
 /// A poisoned lock only means another thread panicked while inserting into a cache; the map is
 /// still consistent, so keep using it.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUlaunchAttributeID as Id;
+
+    #[test]
+    fn launch_attributes_carry_only_what_is_asked() {
+        let (_, n) = launch_attrs(false, (1, 1));
+        assert_eq!(n, 0);
+        let (a, n) = launch_attrs(true, (1, 1));
+        assert_eq!((n, a[0].id), (1, Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION));
+        // SAFETY: reading the union member the id names.
+        assert_eq!(unsafe { a[0].value.programmaticStreamSerializationAllowed }, 1);
+        for pdl in [false, true] {
+            let (a, n) = launch_attrs(pdl, (1, 8));
+            let c = &a[n as usize - 1];
+            assert_eq!((n, c.id), (1 + u32::from(pdl), Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION));
+            // SAFETY: as above.
+            let d = unsafe { c.value.clusterDim };
+            assert_eq!((d.x, d.y, d.z), (1, 8, 1));
+        }
+        let mut attrs = launch_attrs(true, (2, 4));
+        let cfg = LaunchConfig { grid_dim: (6, 8, 1), block_dim: (256, 1, 1), shared_mem_bytes: 1024 };
+        let c = launch_config(cfg, std::ptr::null_mut(), &mut attrs);
+        assert_eq!((c.gridDimX, c.gridDimY, c.blockDimX, c.sharedMemBytes, c.numAttrs), (6, 8, 256, 1024, 2));
+        assert_eq!(c.attrs, attrs.0.as_mut_ptr());
+    }
 }
