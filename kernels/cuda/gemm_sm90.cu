@@ -706,32 +706,37 @@ template <> __device__ __forceinline__ void wgmma_dec<16>(float (&d)[8], uint64_
 // x rows t < m, k blocks 0 .. cnt, as e4m3 bytes with one power-of-two scale per 1x128
 // block (the official activation quantisation, as di_quantize_x_e4m3) into xs in the 128-byte
 // swizzled B layout (16-byte chunk c of row t at chunk c ^ (t % 8)) and scales into sxs[j * N + t];
-// rows m .. N are zeros. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane, and
-// each warp issues U blocks' loads before using any (the loads, not the math, are the time; U = 10
-// makes 16 rows x 8 blocks one round).
+// rows m .. N are zeros. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane. The
+// 14 half-warps take the tasks in turn (half-warp w + 7 h takes tasks w + 7 h + 14 u), so the
+// rounding is spread over every warp however few the tasks; each warp issues its (up to U) loads
+// of a round before using any (U = 10 makes 16 rows x 8 blocks one round), and skips the steps
+// where neither half has a task.
 // With `signal`, each warp arrives at barrier 3 (256 threads: warp 0 waits there) once its first
 // loads are issued, so the W tiles warp 0 issues after that queue behind x, not x behind them.
 template <int N>
 __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict__ x, uint32_t m, uint32_t k,
                                                  uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w,
                                                  int lane, bool signal) {
-    constexpr int U = 10;
-    const uint32_t tasks = m * cnt, h = lane / 16, l = lane % 16;
-    if (signal && w * 2 * U >= tasks) named_barrier_arrive(3, 256);
-    for (uint32_t first = w * 2 * U; first < tasks; first += 7 * 2 * U) {
+    constexpr int U = 10, HALVES = 14;
+    const uint32_t tasks = m * cnt, h = lane / 16, l = lane % 16, hw = w + 7 * h;
+    if (signal && w >= tasks) named_barrier_arrive(3, 256);
+    for (uint32_t first = 0; first + w < tasks; first += HALVES * U) {
+        // Steps u where this warp's first half has a task (the second half's are a subset).
+        const uint32_t steps = min(static_cast<uint32_t>(U), (tasks - first - w + HALVES - 1) / HALVES);
         uint4 raw[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const uint32_t task = first + 2 * u + h;
+            const uint32_t task = first + hw + HALVES * u;
             raw[u] = make_uint4(0, 0, 0, 0);
             if (task < tasks)
                 raw[u] = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(task % m) * k +
                                                           (task / m) * 128 + l * 8);
         }
-        if (signal && first == w * 2 * U) named_barrier_arrive(3, 256);
+        if (signal && first == 0) named_barrier_arrive(3, 256);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const uint32_t task = first + 2 * u + h, t = task % m, j = task / m;
+            if (static_cast<uint32_t>(u) >= steps) break;  // warp-uniform
+            const uint32_t task = first + hw + HALVES * u, t = task % m, j = task / m;
             float v[8];
             const float amax = half_warp_block_amax(raw[u], v);
             if (task >= tasks) continue;
@@ -1089,22 +1094,26 @@ constexpr uint32_t F4D_STAGES = 5;
 // gather) of x [.., k] as e4m3 with one power-of-two scale per 1x128 block (the official activation
 // quantisation, the same bits as di_quantize_x_e4m3), each 32-wide group evens first, into xs (block
 // j: an N-row x 128-byte tile at j N 128, 16-byte unit u of row t at u ^ (t % 8)) and the scales
-// times 2^6 into sxs[j N + t]. The four compute warps: a half-warp per (row, block), 8 values a lane,
-// U tasks' loads issued before any is used.
+// times 2^6 into sxs[j N + t]. The four compute warps: a half-warp per (row, block), 8 values a lane;
+// the 8 half-warps take the tasks in turn (half-warp w + 4 h takes tasks w + 4 h + 8 u), each warp
+// issues its (up to U) loads of a round before using any, and skips the steps where neither half
+// has a task (as quantize_x_slice).
 // With `signal`, each warp arrives at barrier 2 (160 threads: the TMA warp waits there) once its
 // first loads of x are issued, so the W slots issued after that queue behind x.
 template <int N>
 __device__ __forceinline__ void f4d_round_x(const __nv_bfloat16* __restrict__ x, const int32_t* __restrict__ gather,
                                             uint32_t gather_div, uint32_t row0, uint32_t m, uint32_t k, uint8_t* xs,
                                             float* sxs, uint32_t warp, uint32_t lane, bool signal) {
-    constexpr int U = 8;
-    const uint32_t kc = k / 128, tasks = m * kc, h = lane / 16, l = lane % 16;
-    if (signal && warp * 2 * U >= tasks) named_barrier_arrive(2, 160);
-    for (uint32_t first = warp * 2 * U; first < tasks; first += 4 * 2 * U) {
+    constexpr int U = 8, HALVES = 8;
+    const uint32_t kc = k / 128, tasks = m * kc, h = lane / 16, l = lane % 16, hw = warp + 4 * h;
+    if (signal && warp >= tasks) named_barrier_arrive(2, 160);
+    for (uint32_t first = 0; first + warp < tasks; first += HALVES * U) {
+        // Steps u where this warp's first half has a task (the second half's are a subset).
+        const uint32_t steps = min(static_cast<uint32_t>(U), (tasks - first - warp + HALVES - 1) / HALVES);
         uint4 raw[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const uint32_t task = first + 2 * u + h;
+            const uint32_t task = first + hw + HALVES * u;
             raw[u] = make_uint4(0, 0, 0, 0);
             if (task < tasks) {
                 const uint32_t r = row0 + task / kc;
@@ -1112,10 +1121,11 @@ __device__ __forceinline__ void f4d_round_x(const __nv_bfloat16* __restrict__ x,
                 raw[u] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(src) * k + (task % kc) * 128 + l * 8));
             }
         }
-        if (signal && first == warp * 2 * U) named_barrier_arrive(2, 160);
+        if (signal && first == 0) named_barrier_arrive(2, 160);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const uint32_t task = first + 2 * u + h, t = task / kc, j = task % kc;
+            if (static_cast<uint32_t>(u) >= steps) break;  // warp-uniform
+            const uint32_t task = first + hw + HALVES * u, t = task / kc, j = task % kc;
             float v[8];
             const float amax = half_warp_block_amax(raw[u], v);
             if (task >= tasks) continue;
