@@ -706,7 +706,7 @@ template <> __device__ __forceinline__ void wgmma_dec<16>(float (&d)[8], uint64_
 // x rows t < m, k blocks 0 .. cnt, as e4m3 bytes with one power-of-two scale per 1x128
 // block (the official activation quantisation, as di_quantize_x_e4m3) into xs in the 128-byte
 // swizzled B layout (16-byte chunk c of row t at chunk c ^ (t % 8)) and scales into sxs[j * N + t];
-// rows m .. N are zeros. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane. The
+// rows m .. N are zero_x_rows'. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane. The
 // 14 half-warps take the tasks in turn (half-warp w + 7 h takes tasks w + 7 h + 14 u), so the
 // rounding is spread over every warp however few the tasks; each warp issues its (up to U) loads
 // of a round before using any (U = 10 makes 16 rows x 8 blocks one round), and skips the steps
@@ -750,7 +750,12 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
             if (l == 0) sxs[j * N + t] = s;
         }
     }
-    // Rows m .. N of every block: zeros (16 bytes a thread).
+}
+
+// Rows m .. N of quantize_x_slice's tiles and scales: zeros (16 bytes a thread of warps 1-7, w =
+// 0..6). They depend on no input, so the blocks write them before waiting for the grid before.
+template <int N>
+__device__ __forceinline__ void zero_x_rows(uint32_t m, uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w, int lane) {
     for (uint32_t i = w * 32 + lane; i < (N - m) * cnt * 8; i += 7 * 32) {
         const uint32_t t = m + (i / 8) % (N - m), j = i / 8 / (N - m);
         *reinterpret_cast<uint4*>(xs + j * N * 128 + t * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
@@ -813,6 +818,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
             if (static_cast<uint32_t>(lane) < cnt) sc_lo = swr[lane];
             if (static_cast<uint32_t>(lane) + 32 < cnt) sc_hi = swr[lane + 32];
         }
+        zero_x_rows<N>(m, cnt, xs, sxs, warp - 1, lane);
         pdl_wait();
         quantize_x_slice<N>(x + j0 * 128, m, k, cnt, xs, sxs, warp - 1, lane, split_issue);
         fence_proxy_async_smem();
@@ -882,11 +888,12 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
         }
     }
     __syncthreads();
-    // Out through shared memory: consecutive threads write consecutive rows of y (or of the partial).
+    // Out through shared memory: consecutive threads write consecutive rows of y (or of the partial),
+    // token t < m of row r at q = 128 t + r.
     if (gridDim.y == 1) {
-        for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
+        for (uint32_t q = threadIdx.x; q < DEC_ROWS * m; q += blockDim.x) {
             const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
-            if (t < m && row < n) y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(red[r * N + t]);
+            if (row < n) y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(red[r * N + t]);
         }
         return;
     }
@@ -907,9 +914,9 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
         cluster_sync();  // no block leaves while another reads its shared memory
         return;
     }
-    for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
+    for (uint32_t q = threadIdx.x; q < DEC_ROWS * m; q += blockDim.x) {
         const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
-        if (t < m && row < n) part[(static_cast<size_t>(blockIdx.y) * m + t) * n + row] = red[r * N + t];
+        if (row < n) part[(static_cast<size_t>(blockIdx.y) * m + t) * n + row] = red[r * N + t];
     }
     __threadfence();
     __syncthreads();
@@ -917,9 +924,9 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
     __syncthreads();
     if (!last_split) return;
     __threadfence();
-    for (uint32_t q = threadIdx.x; q < DEC_ROWS * N; q += blockDim.x) {
+    for (uint32_t q = threadIdx.x; q < DEC_ROWS * m; q += blockDim.x) {
         const uint32_t r = q % DEC_ROWS, t = q / DEC_ROWS, row = rb * DEC_ROWS + r;
-        if (t >= m || row >= n) continue;
+        if (row >= n) continue;
         float sum = 0.f;
         for (uint32_t sp = 0; sp < gridDim.y; ++sp) sum += __ldcg(&part[(static_cast<size_t>(sp) * m + t) * n + row]);
         y[static_cast<size_t>(t) * n + row] = __float2bfloat16_rn(sum);
