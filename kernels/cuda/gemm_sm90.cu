@@ -706,8 +706,8 @@ template <> __device__ __forceinline__ void wgmma_dec<16>(float (&d)[8], uint64_
 // x rows t < m, k blocks 0 .. cnt, as e4m3 bytes with one power-of-two scale per 1x128
 // block (the official activation quantisation, as di_quantize_x_e4m3) into xs in the 128-byte
 // swizzled B layout (16-byte chunk c of row t at chunk c ^ (t % 8)) and scales into sxs[j * N + t];
-// rows m .. N are zero_x_rows'. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a lane. The
-// 14 half-warps take the tasks in turn (half-warp w + 7 h takes tasks w + 7 h + 14 u), so the
+// rows m .. N are zero_x_rows'. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a
+// lane. The 14 half-warps take the tasks in turn (half-warp w + 7 h takes tasks w + 7 h + 14 u), so the
 // rounding is spread over every warp however few the tasks; each warp issues its (up to U) loads
 // of a round before using any (U = 10 makes 16 rows x 8 blocks one round), and skips the steps
 // where neither half has a task.

@@ -689,7 +689,8 @@ pub fn fp8_dec_cluster_blocks(stream: &Stream, p: &GemmParams) -> Option<u32> {
             let kernel = gemm_lowp_cuda_kernel(stream, WeightFormat::Fp8Block128, p)?;
             let plan = crate::cuda::wgmma::dec_plan(p.m, p.n, p.k, b.sm_count())
                 .filter(|_| kernel.starts_with("di_gemm_fp8_dec"))?;
-            crate::cuda::wgmma::dec_clusters(b, plan, p.n).ok().map(|c| c.1)
+            let (f, cfg) = crate::cuda::wgmma::dec_kernel(b, plan, p.n).ok()?;
+            crate::cuda::wgmma::dec_cluster(b, &f, cfg).ok()
         }
         _ => {
             let _ = p;

@@ -40,15 +40,15 @@ pub struct CudaBackend {
     waited: Mutex<std::collections::HashSet<usize>>,
 }
 
-/// A kernel's clusters as the driver sizes them: (function, dynamic shared memory, block threads,
-/// blocks of the cluster along x and y).
-type ClusterShape = (String, u32, u32, (u32, u32));
+/// A kernel's clusters as the driver sizes them: (the function's driver handle, dynamic shared
+/// memory, block threads, blocks of the cluster along y).
+type ClusterShape = (usize, u32, u32, u32);
 
 /// Scratch of a GEMM whose k splits add up inside the launch through global memory
 /// (`di_gemm_fp8_dec_*` with several splits and no cluster): fp32 partial sums, and a counter per
 /// row block that the last block of the row block leaves at zero for the next launch. Kept per
-/// stream (launches on one stream are ordered) and not allocated per call, so no allocation sits between two launches that overlap
-/// (programmatic dependent launch).
+/// stream (launches on one stream are ordered) and not allocated per call, so no allocation sits
+/// between two launches that overlap (programmatic dependent launch).
 pub(crate) struct SplitScratch {
     pub partial: CudaSlice<f32>,
     pub counters: CudaSlice<u32>,
@@ -275,56 +275,50 @@ impl CudaBackend {
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<()> {
         // SAFETY: the caller's guarantees are this one's.
-        unsafe { self.launch_ex_clusters(stream, f, cfg, pdl, (1, 1), args) }
+        unsafe { self.launch_ex_clusters(stream, f, cfg, pdl, 1, args) }
     }
 
-    /// [`CudaBackend::launch_ex`] with the grid in clusters of `cluster` = (x, y) blocks ((1, 1): no
+    /// [`CudaBackend::launch_ex`] with the grid in clusters of `cluster_y` blocks along y (1: no
     /// clusters), whose blocks are co-scheduled and share their shared memory (`mapa`, sm90.cuh).
     /// Sizes above 8 need [`CudaBackend::max_active_clusters`] asked first (it allows them on `f`).
     ///
     /// # Safety
-    /// As [`CudaBackend::launch_ex`]; the grid's x and y must be multiples of the cluster's.
+    /// As [`CudaBackend::launch_ex`]; the grid's y must be a multiple of `cluster_y`.
     pub(crate) unsafe fn launch_ex_clusters(
         &self,
         stream: &CudaStream,
         f: &CudaFunction,
         cfg: LaunchConfig,
         pdl: bool,
-        cluster: (u32, u32),
+        cluster_y: u32,
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<()> {
         use cudarc::driver::sys;
         self.ctx.bind_to_thread()?;
-        let mut attrs = launch_attrs(pdl, cluster);
+        let mut attrs = launch_attrs(pdl, cluster_y);
         let config = launch_config(cfg, stream.cu_stream(), &mut attrs);
         // SAFETY: the caller guarantees the arguments; config and attrs outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
         Ok(())
     }
 
-    /// How many clusters of `cluster` = (x, y) blocks of `f` (`cfg`'s block and shared memory) this
-    /// GPU holds at once (`cuOccupancyMaxActiveClusters`; 0 where the driver refuses the size),
+    /// How many clusters of `cluster_y` blocks (along y) of `f` (`cfg`'s block and shared memory)
+    /// this GPU holds at once (`cuOccupancyMaxActiveClusters`; 0 where the driver refuses the size),
     /// asked once per function, shared memory, block and cluster. Allows sizes above 8
     /// (non-portable) on `f`.
-    pub(crate) fn max_active_clusters(
-        &self,
-        name: &str,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        cluster: (u32, u32),
-    ) -> Result<u32> {
+    pub(crate) fn max_active_clusters(&self, f: &CudaFunction, cfg: LaunchConfig, cluster_y: u32) -> Result<u32> {
         use cudarc::driver::sys;
-        let key = (name.to_string(), cfg.shared_mem_bytes, cfg.block_dim.0, cluster);
+        let key = (f.cu_function() as usize, cfg.shared_mem_bytes, cfg.block_dim.0, cluster_y);
         if let Some(n) = lock(&self.cluster_room).get(&key) {
             return Ok(*n);
         }
         self.ctx.bind_to_thread()?;
-        if cluster.0 * cluster.1 > 8 {
+        if cluster_y > 8 {
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)?;
         }
-        let mut attrs = launch_attrs(false, cluster);
+        let mut attrs = launch_attrs(false, cluster_y);
         // The grid must be a multiple of the cluster; its size does not enter the answer.
-        let one = LaunchConfig { grid_dim: (cluster.0, cluster.1, 1), ..cfg };
+        let one = LaunchConfig { grid_dim: (1, cluster_y, 1), ..cfg };
         let config = launch_config(one, std::ptr::null_mut(), &mut attrs);
         let mut n: std::ffi::c_int = 0;
         // SAFETY: config and attrs outlive the call; `n` is written by it.
@@ -361,9 +355,9 @@ impl CudaBackend {
 }
 
 /// The launch attributes of [`CudaBackend::launch_ex_clusters`]: programmatic dependent launch when
-/// `pdl`, clusters of `cluster` = (x, y) blocks when that is not (1, 1). Only the first `n` of the
+/// `pdl`, clusters of `cluster_y` blocks along y when that is above 1. Only the first `n` of the
 /// pair are set (the count travels with them).
-fn launch_attrs(pdl: bool, cluster: (u32, u32)) -> ([cudarc::driver::sys::CUlaunchAttribute; 2], u32) {
+fn launch_attrs(pdl: bool, cluster_y: u32) -> ([cudarc::driver::sys::CUlaunchAttribute; 2], u32) {
     use cudarc::driver::sys;
     // SAFETY: zeroed attributes are valid; each id set below is paired with its documented value.
     let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
@@ -373,10 +367,10 @@ fn launch_attrs(pdl: bool, cluster: (u32, u32)) -> ([cudarc::driver::sys::CUlaun
         attrs[n].value.programmaticStreamSerializationAllowed = 1;
         n += 1;
     }
-    if cluster != (1, 1) {
+    if cluster_y > 1 {
         attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attrs[n].value.clusterDim.x = cluster.0;
-        attrs[n].value.clusterDim.y = cluster.1;
+        attrs[n].value.clusterDim.x = 1;
+        attrs[n].value.clusterDim.y = cluster_y;
         attrs[n].value.clusterDim.z = 1;
         n += 1;
     }
@@ -416,21 +410,21 @@ mod tests {
 
     #[test]
     fn launch_attributes_carry_only_what_is_asked() {
-        let (_, n) = launch_attrs(false, (1, 1));
+        let (_, n) = launch_attrs(false, 1);
         assert_eq!(n, 0);
-        let (a, n) = launch_attrs(true, (1, 1));
+        let (a, n) = launch_attrs(true, 1);
         assert_eq!((n, a[0].id), (1, Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION));
         // SAFETY: reading the union member the id names.
         assert_eq!(unsafe { a[0].value.programmaticStreamSerializationAllowed }, 1);
         for pdl in [false, true] {
-            let (a, n) = launch_attrs(pdl, (1, 8));
+            let (a, n) = launch_attrs(pdl, 8);
             let c = &a[n as usize - 1];
             assert_eq!((n, c.id), (1 + u32::from(pdl), Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION));
             // SAFETY: as above.
             let d = unsafe { c.value.clusterDim };
             assert_eq!((d.x, d.y, d.z), (1, 8, 1));
         }
-        let mut attrs = launch_attrs(true, (2, 4));
+        let mut attrs = launch_attrs(true, 4);
         let cfg = LaunchConfig { grid_dim: (6, 8, 1), block_dim: (256, 1, 1), shared_mem_bytes: 1024 };
         let c = launch_config(cfg, std::ptr::null_mut(), &mut attrs);
         assert_eq!((c.gridDimX, c.gridDimY, c.blockDimX, c.sharedMemBytes, c.numAttrs), (6, 8, 256, 1024, 2));

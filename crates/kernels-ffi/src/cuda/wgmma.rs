@@ -2,7 +2,7 @@
 //! persistent FP8 x FP8 wgmma GEMM for prefill-sized batches.
 
 use cudarc::driver::sys::{self, CUtensorMap};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::launch::{backend, quantize_x_e4m3};
 use crate::device::{DeviceBuffer, Stream};
@@ -602,26 +602,35 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
 /// The most splits a decode GEMM adds inside one cluster (16 is Hopper's non-portable limit).
 const DEC_CLUSTER_MAX: u32 = 16;
 
-/// The clusters (x, y) the decode GEMM of `plan` over `n` rows launches in: with 2 to 16 k splits,
-/// the splits of each row block as one cluster (1, splits), adding each other's partials from
-/// shared memory, where the knob allows ([`crate::ops::set_fp8_dec_cluster`]) and every cluster
-/// of the grid fits on the GPU at once (else clusters would wait for a second wave); else (1, 1),
-/// none (one split, or the partials go through the stream's split scratch).
-pub(crate) fn dec_clusters(be: &super::CudaBackend, plan: DecPlan, n: u32) -> Result<(u32, u32)> {
-    if !crate::ops::fp8_dec_cluster() || !(2..=DEC_CLUSTER_MAX).contains(&plan.splits) {
-        return Ok((1, 1));
+/// The decode GEMM of `plan` over `n` rows: its function (shared memory raised to the plan's) and
+/// launch configuration, a grid of (row blocks, splits) blocks.
+pub(crate) fn dec_kernel(be: &super::CudaBackend, plan: DecPlan, n: u32) -> Result<(CudaFunction, LaunchConfig)> {
+    let f = be.function_with_smem("gemm_sm90", &plan.kernel(), plan.smem)?;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(128), plan.splits, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: plan.smem,
+    };
+    Ok((f, cfg))
+}
+
+/// Blocks per cluster (along y) the decode GEMM `f` launched as `cfg` (`dec_kernel`) runs in: with
+/// 2 to 16 k splits, the splits of each row block as one cluster, adding each other's partials
+/// from shared memory, where the knob allows ([`crate::ops::set_fp8_dec_cluster`]) and every
+/// cluster of the grid fits on the GPU at once (else clusters would wait for a second wave); else
+/// 1, none (one split, or the partials go through the stream's split scratch).
+pub(crate) fn dec_cluster(be: &super::CudaBackend, f: &CudaFunction, cfg: LaunchConfig) -> Result<u32> {
+    let (rb, splits) = (cfg.grid_dim.0, cfg.grid_dim.1);
+    if !crate::ops::fp8_dec_cluster() || !(2..=DEC_CLUSTER_MAX).contains(&splits) {
+        return Ok(1);
     }
-    let name = plan.kernel();
-    let f = be.function_with_smem("gemm_sm90", &name, plan.smem)?;
-    let rb = n.div_ceil(128);
-    let cfg = LaunchConfig { grid_dim: (rb, plan.splits, 1), block_dim: (256, 1, 1), shared_mem_bytes: plan.smem };
-    let room = be.max_active_clusters(&name, &f, cfg, (1, plan.splits))?;
-    Ok(if room >= rb { (1, plan.splits) } else { (1, 1) })
+    let room = be.max_active_clusters(f, cfg, splits)?;
+    Ok(if room >= rb { splits } else { 1 })
 }
 
 /// y = x · Wᵀ with FP8 weights and m <= 16 on the Hopper decode kernel (`dec_plan`): one launch;
 /// the blocks quantise x themselves, and with several splits add their partials inside the launch
-/// (`dec_clusters`: in the cluster's shared memory, or through the stream's split scratch). Launched
+/// (`dec_cluster`: in the cluster's shared memory, or through the stream's split scratch). Launched
 /// with programmatic dependent launch unless switched off ([`crate::ops::set_pdl`]). The caller
 /// checked x [m, k], w [n, k], scale, y [m, n] and that the GPU is sm_90 with `plan` from `dec_plan`.
 pub(crate) fn gemm_fp8_dec_launch(
@@ -635,12 +644,11 @@ pub(crate) fn gemm_fp8_dec_launch(
 ) -> Result<()> {
     let be = backend(stream);
     let s = stream.cuda_stream("gemm_lowp", "x")?;
-    let f = be.function_with_smem("gemm_sm90", &plan.kernel(), plan.smem)?;
-    let clusters = dec_clusters(be, plan, p.n)?;
+    let (f, cfg) = dec_kernel(be, plan, p.n)?;
+    let cluster = dec_cluster(be, &f, cfg)?;
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
     let mut map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, 128)?;
-    let rb = p.n.div_ceil(128);
-    let cfg = LaunchConfig { grid_dim: (rb, plan.splits, 1), block_dim: (256, 1, 1), shared_mem_bytes: plan.smem };
+    let rb = cfg.grid_dim.0;
     let mut launch = |part: sys::CUdeviceptr, counters: sys::CUdeviceptr| -> Result<()> {
         let (mut x_ptr, _x_sync) = x.cuda().device_ptr(s);
         let (mut s_ptr, _s_sync) = scale.cuda().device_ptr(s);
@@ -648,7 +656,7 @@ pub(crate) fn gemm_fp8_dec_launch(
         let (mut part, mut counters) = (part, counters);
         let (mut m, mut n, mut k, mut stages, mut per) = (p.m, p.n, p.k, plan.stages, plan.per);
         let pdl = be.pdl_for(s, crate::ops::pdl());
-        let (mut pdl_arg, mut pre, mut split_cluster) = (pdl as u32, plan.pre, clusters.1);
+        let (mut pdl_arg, mut pre, mut split_cluster) = (pdl as u32, plan.pre, cluster);
         let mut args: [*mut std::ffi::c_void; 14] = [
             (&mut map_w as *mut TmaMap).cast(),
             (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
@@ -669,14 +677,14 @@ pub(crate) fn gemm_fp8_dec_launch(
         // pdl, pre, cluster), in this order and these types; the map describes w [n, k] bytes
         // (alive until queued: its sync guard); x [m, k] bf16, scale [ceil(n / 128), k / 128] and
         // y [m, n] were checked by the op; m <= tokens, k % 128 == 0, n % 16 == 0; the grid is
-        // (row blocks, splits) with splits = ceil(k / 128 / per), in clusters (`dec_clusters`) of
+        // (row blocks, splits) with splits = ceil(k / 128 / per), in clusters (`dec_cluster`) of
         // all the splits along y or none; the shared memory holds `stages` tiles plus x, its
         // scales and the outputs (dec_plan's formula); with several splits and no cluster, the
         // scratch holds splits x m x n partials and a zeroed counter per row block, and is used by
         // this stream only (with a cluster the kernel touches neither).
-        unsafe { be.launch_ex_clusters(s, &f, cfg, pdl, clusters, &mut args) }
+        unsafe { be.launch_ex_clusters(s, &f, cfg, pdl, cluster, &mut args) }
     };
-    if plan.splits == 1 || clusters.1 > 1 {
+    if plan.splits == 1 || cluster > 1 {
         return launch(0, 0);
     }
     let floats = (plan.splits * p.m * p.n) as usize;
