@@ -1168,7 +1168,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
                                              const int32_t* __restrict__ gather, uint32_t gather_div,
                                              const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                              const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
-                                             uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre) {
+                                             uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre, uint32_t flags) {
     extern __shared__ uint8_t f4d_smem_raw[];
     pdl_trigger(pdl);
     const uint32_t tiles = n / 64, kc = k / 128, groups = k / 32, pairs = (kc + 1) / 2;
@@ -1182,8 +1182,13 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp == 4 && lane == 0) tma_prefetch_map(&map_w);
     pdl_wait();  // the chunks, x and y belong to the grids before
-    const uint32_t items = static_cast<uint32_t>(max(*num_chunks, 0)) * tiles;
-    const uint32_t per = (items + gridDim.x - 1) / gridDim.x;
+    // A block an item (the grid covers every item the dispatch can hold): block b's item is b
+    // whatever the count, so its chunk is read together with the count, not after it.
+    const bool one_each = flags & 1u, x_single = flags & 2u;
+    const int32_t count = *num_chunks;
+    const int4 c_first = one_each ? __ldg(chunks + blockIdx.x / tiles) : make_int4(0, 0, 0, 0);
+    const uint32_t items = static_cast<uint32_t>(max(count, 0)) * tiles;
+    const uint32_t per = one_each ? 1u : (items + gridDim.x - 1) / gridDim.x;
     const uint32_t i0 = min(blockIdx.x * per, items), i1 = min(i0 + per, items);
     // The block's slots. A block of one or two items (a one-token batch: all of its W at once)
     // issues `pre` of them before its x loads and the rest after (barrier 2), so x does not queue
@@ -1199,7 +1204,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
             for (uint32_t j = from; j < to; ++j) {
                 const uint32_t it = i0 + j / pairs, p = j % pairs;
                 if (j == from || p == 0) {
-                    const int4 c = __ldg(chunks + it / tiles);
+                    const int4 c = one_each ? c_first : __ldg(chunks + it / tiles);
                     wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
                 }
                 const uint32_t s = j % F4D_STAGES;
@@ -1243,13 +1248,22 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     };
     if (total > 0 && !split_issue) fetch(0);
     uint32_t j = 0, rounded = ~0u;  // slots consumed so far; the chunk whose x is in xs
+    // x of one row (a one-token batch): every row of every chunk is x's row 0 (the caller
+    // checked), so it is rounded before any chunk is known, as a one-row chunk's x.
+    const bool single_ready = x_single && i0 < i1;
+    if (single_ready) {
+        f4d_round_x<N>(x, nullptr, 1, 0, 1, k, xs, sxs, warp, lane, split_issue);
+        fence_proxy_async_smem();  // written by the threads, read by the wgmmas
+        named_barrier(1, 128);
+    }
     for (uint32_t it = i0; it < i1; ++it) {
         const uint32_t z = it / tiles;
-        const int4 c = __ldg(chunks + z);
+        const int4 c = one_each ? c_first : __ldg(chunks + z);
         const uint32_t row0 = static_cast<uint32_t>(c.y), m = static_cast<uint32_t>(c.z);
-        if (z != rounded) {
+        if (z != rounded && !(single_ready && m == 1)) {
             named_barrier(1, 128);  // every warp is done with the previous chunk's x and scales
-            f4d_round_x<N>(x, gather, gather_div, row0, m, k, xs, sxs, warp, lane, split_issue && rounded == ~0u);
+            f4d_round_x<N>(x, gather, gather_div, row0, m, k, xs, sxs, warp, lane,
+                           split_issue && rounded == ~0u && !single_ready);
             fence_proxy_async_smem();  // written by the threads, read by the wgmmas
             named_barrier(1, 128);
             rounded = z;
@@ -1341,7 +1355,8 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 }
 
 }  // namespace
-#define DI_FP4Q_WG_BODY(N) fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k, pdl, pre)
+#define DI_FP4Q_WG_BODY(N) \
+    fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k, pdl, pre, flags)
 #else
 #define DI_FP4Q_WG_BODY(N) __trap()
 #endif
@@ -1352,13 +1367,15 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 // num_chunks[0] of them. k % 128 == 0, n % 64 == 0; the shared memory of f4d_smem<N>(k). 160
 // threads; MINB blocks an SM (registers). pdl: launched with programmatic dependent launch
 // (pdl_trigger). pre: W slots a block issues before its first x loads (all of them when >= its
-// slots; else the rest once those loads are out).
+// slots; else the rest once those loads are out). flags: bit 0, the grid has a block for every
+// item the chunks' buffer can hold (block b takes item b); bit 1, x has one row, which every
+// dispatch row reads (a one-token batch).
 #define DI_GEMM_FP4Q_WG(N, MINB)                                                                                \
     extern "C" __global__ void __launch_bounds__(160, MINB) di_gemm_fp4q_wg_n##N(                              \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x,                           \
         const int32_t* __restrict__ gather, uint32_t gather_div, const uint8_t* __restrict__ sw,               \
         __nv_bfloat16* __restrict__ y, const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks, \
-        uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre) {                                                  \
+        uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre, uint32_t flags) {                                  \
         DI_FP4Q_WG_BODY(N);                                                                                    \
     }
 DI_GEMM_FP4Q_WG(8, 3)

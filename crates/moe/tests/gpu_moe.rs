@@ -524,9 +524,14 @@ fn gpu_fp4_decode_gemm_takes_any_group_scales() {
     let seed = fresh_seed();
     println!("gpu_fp4_decode_gemm_takes_any_group_scales: seed {seed}");
     let mut rng = SplitMix(seed);
-    for (tokens, experts, top_k, tile, n, k) in
-        [(9u32, 8u32, 2u32, 8u32, 192u32, 640u32), (40, 8, 3, 16, 128, 512), (3, 4, 2, 8, 64, 384)]
-    {
+    // One token (x rounded before the chunks are known; ids drawn with repeats, so some chunks
+    // hold two rows of the token) and grids of a block an item (all but the 40-token case).
+    for (tokens, experts, top_k, tile, n, k) in [
+        (9u32, 8u32, 2u32, 8u32, 192u32, 640u32),
+        (40, 8, 3, 16, 128, 512),
+        (3, 4, 2, 8, 64, 384),
+        (1, 8, 6, 8, 128, 512),
+    ] {
         let shape = MoeShape { tokens, experts, top_k };
         let ids: Vec<i32> = (0..shape.pairs()).map(|_| (rng.next_u64() % experts as u64) as i32).collect();
         let (wb, sb) = WeightFormat::Fp4Row32.bytes(n as usize, k as usize);

@@ -343,6 +343,21 @@ pub(crate) fn fp4q_wg_grid(items: u64, cols: u32, k: u32, sm_count: u32) -> u32 
     items.min((fp4q_wg_blocks_per_sm(cols, k) * sm_count) as u64).max(1) as u32
 }
 
+/// The `flags` of `di_gemm_fp4q_wg_n*` for a grid of `grid` blocks over at most `items` items of
+/// p.m dispatch rows, rows reading x through a gather divided by `gather_div` (`None`: row r of
+/// x): bit 0 when the grid has a block an item (block b's item is b, so a block reads its chunk
+/// together with the chunk count instead of after it), bit 1 when every row reads x's row 0 (one
+/// token: p.m <= top_k pairs with a gather, one row without), so the blocks round x before any
+/// chunk is known.
+pub(crate) fn fp4q_wg_flags(grid: u32, items: u64, rows: u32, gather_div: Option<u32>) -> u32 {
+    let one_each = grid as u64 >= items;
+    let x_single = match gather_div {
+        Some(div) => rows <= div,
+        None => rows <= 1,
+    };
+    one_each as u32 | (x_single as u32) << 1
+}
+
 /// W slots (8 KiB) a block of the grouped FP4 decode GEMM with one or two items (a one-token
 /// batch) issues before its first loads of x; the rest go out after them, so x does not queue
 /// behind every block's ring.
@@ -377,11 +392,9 @@ pub(crate) fn gemm_fp4q_wg_launch(
     let (w_ptr, _w_sync) = w.cuda().device_ptr(s);
     let mut map_w = tma_map_bytes_128(w_ptr, experts * p.n as u64, p.k as u64 / 2, 64)?;
     let items = *capacity as u64 * (p.n / 64) as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (fp4q_wg_grid(items, cols, p.k, be.sm_count()), 1, 1),
-        block_dim: (FP4Q_WG_THREADS, 1, 1),
-        shared_mem_bytes: smem,
-    };
+    let grid = fp4q_wg_grid(items, cols, p.k, be.sm_count());
+    let mut flags = fp4q_wg_flags(grid, items, p.m, gather.map(|(_, d)| d));
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (FP4Q_WG_THREADS, 1, 1), shared_mem_bytes: smem };
     let (mut x_ptr, _x_sync) = x.cuda().device_ptr(s);
     let (mut g_ptr, _g_sync, mut div) = match gather {
         Some((g, d)) => {
@@ -401,7 +414,7 @@ pub(crate) fn gemm_fp4q_wg_launch(
         0 => FP4_DEC_PRE_SLOTS,
         forced => forced,
     };
-    let mut args: [*mut std::ffi::c_void; 12] = [
+    let mut args: [*mut std::ffi::c_void; 13] = [
         (&mut map_w as *mut TmaMap).cast(),
         (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut g_ptr as *mut sys::CUdeviceptr).cast(),
@@ -414,20 +427,40 @@ pub(crate) fn gemm_fp4q_wg_launch(
         (&mut k as *mut u32).cast(),
         (&mut pdl_arg as *mut u32).cast(),
         (&mut pre as *mut u32).cast(),
+        (&mut flags as *mut u32).cast(),
     ];
     // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n,
-    // k, pdl, pre), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
+    // k, pdl, pre, flags), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
     // bytes (alive until queued: its sync guard, as every buffer here); x holds every row the
     // gather names (or p.m rows without one), scale experts * n * k / 32 bytes, y [p.m, n] (checked
     // by the op); the dispatch's chunks name experts < experts and rows < p.m, at most `tile` <=
     // cols each; a null gather passes as 0; k % 128 == 0, n % 64 == 0 and the shared memory is
-    // f4d_smem for k, as the kernel requires.
+    // f4d_smem for k, as the kernel requires; the chunks' buffer holds `capacity` chunks, so with
+    // flags bit 0 (grid = capacity x n / 64 blocks) block b's chunk b / (n / 64) is inside it; with
+    // bit 1 the gather's pairs are < p.m <= gather_div (the dispatch's contract), so every row is
+    // x's row 0.
     unsafe { be.launch_ex(s, &f, cfg, pdl, &mut args) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp4q_wg_flags_mark_a_block_an_item_and_one_token() {
+        // One token, top-6, gate/up: 6 chunks x 64 tiles on a 396-block grid; every row is token 0.
+        assert_eq!(fp4q_wg_flags(384, 384, 6, Some(6)), 0b11);
+        // Its down projection reads six distinct rows of h.
+        assert_eq!(fp4q_wg_flags(384, 384, 6, None), 0b01);
+        // Two tokens: 13 chunks x 64 tiles outnumber the grid; rows read two tokens.
+        assert_eq!(fp4q_wg_flags(396, 832, 12, Some(6)), 0);
+        assert_eq!(fp4q_wg_flags(396, 832, 1, None), 0b10);
+        for grid in 1..50u32 {
+            for items in 1..50u64 {
+                assert_eq!(fp4q_wg_flags(grid, items, 7, Some(6)) & 1 == 1, grid as u64 >= items);
+            }
+        }
+    }
 
     /// The FP4 decode kernel's blocks fit the SM's 227 KiB of shared memory as many times as its
     /// register bound allows, and its grid is every resident block or a block an item.
