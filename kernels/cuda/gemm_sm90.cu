@@ -724,10 +724,10 @@ template <typename Load> __device__ __forceinline__ float sum_splits(uint32_t co
 // block (the official activation quantisation, as di_quantize_x_e4m3) into xs in the 128-byte
 // swizzled B layout (16-byte chunk c of row t at chunk c ^ (t % 8)) and scales into sxs[j * N + t];
 // rows m .. N are zero_x_rows'. Warps 1-7 (w = 0..6): a half-warp per (row, block), 8 values a
-// lane. The 14 half-warps take the tasks in turn (half-warp w + 7 h takes tasks w + 7 h + 14 u), so the
-// rounding is spread over every warp however few the tasks; each warp issues its (up to U) loads
-// of a round before using any (U = 10 makes 16 rows x 8 blocks one round), and skips the steps
-// where neither half has a task.
+// lane. The 14 half-warps take the tasks in turn (half-warp w + 7 h takes tasks w + 7 h + 14 u),
+// so the rounding is spread over every warp however few the tasks; each warp issues its (up to
+// U) loads of a round before using any (U = 10 makes 16 rows x 8 blocks one round), and skips
+// the steps where neither half has a task.
 // With `signal`, each warp arrives at barrier 3 (256 threads: warp 0 waits there) once its first
 // loads are issued, so the W tiles warp 0 issues after that queue behind x, not x behind them.
 template <int N>
