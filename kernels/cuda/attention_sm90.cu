@@ -18,8 +18,8 @@
 // soon as the stage of the sequence's last-but-one tile is done, not after its last S. A tile
 // whose 64 rows are consecutive in the pool (a whole page of a paged cache: HCA's compressed rows)
 // is instead eight TMA boxes issued by one thread (map_kv: the pool as bytes [pool_rows, 1024],
-// boxes of 64 rows x 128 bytes), when tma_runs is set. Warpgroups 1 and 2 take turns (FlashMLA's
-// arrangement): the owner of tile t (warpgroup 1 + t % 2) computes
+// boxes of 64 rows x 128 bytes), when the flags' kFlagTmaRuns is set. Warpgroups 1 and 2 take
+// turns (FlashMLA's arrangement): the owner of tile t (warpgroup 1 + t % 2) computes
 //   S = Q K^T   wgmma m64n64k16 over the whole 64-key tile and all 512 dims;
 //   softmax     from the running max and sum the other warpgroup left after tile t - 1, writing
 //               the bf16 probabilities into P[t % 2] and the new max, sum and rescale factor per
@@ -43,6 +43,7 @@
 // and 2026-12-01-attention-s-warpgroup (the S-warpgroup kernels; the head dims split between the
 // math warpgroups, not kept: the partial-S swap and the doubled softmax on every tile's chain).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "cpasync.cuh"
@@ -187,13 +188,18 @@ __device__ __forceinline__ void tile_stats(float* st, float (&l_tot)[2], const f
     }
 }
 
+// The launch's flags word: kFlagTmaRuns, page tiles by TMA (publish_rows); kFlagMergeF32, the
+// cluster merge sends its partial as fp32 instead of scaled f16 (c2_merge).
+constexpr uint32_t kFlagTmaRuns = 1, kFlagMergeF32 = 2;
+
 // The gather warpgroup's thread t publishes the pool row of key t of the next tile in ix (threads
 // 0-63; -1: no key) and all 128 agree (barrier 2) whether the tile's 64 rows are one run of
-// consecutive pool rows (a page of a paged cache), which then loads by TMA when tma_runs is set.
-__device__ __forceinline__ bool publish_rows(int32_t* ix, uint32_t t, int32_t next, int32_t next0, uint32_t tma_runs) {
+// consecutive pool rows (a page of a paged cache), which then loads by TMA when the flags'
+// kFlagTmaRuns is set.
+__device__ __forceinline__ bool publish_rows(int32_t* ix, uint32_t t, int32_t next, int32_t next0, uint32_t flags) {
     if (t < KT) ix[t] = next;
     const bool mine = t >= KT || (next >= 0 && next == next0 + static_cast<int32_t>(t));
-    return named_barrier_and(2, 128, mine) && tma_runs != 0;
+    return named_barrier_and(2, 128, mine) && (flags & kFlagTmaRuns) != 0;
 }
 
 // Column chunks c0..c0 + NC - 1 (64 bf16 each) of a key tile into dst (the 128-byte-swizzled tile
@@ -247,27 +253,82 @@ __device__ __forceinline__ bool store_out(uint8_t* stage, const float (&o)[128],
     return true;
 }
 
+// The power of two 2^k that brings a row's largest magnitude amax into [2^13, 2^14) (k = 0 for a
+// row of zeros, and k within +-100 so that 2^k and 2^-k are normal floats).
+__device__ __forceinline__ int f16_shift(float amax) {
+    if (!(amax > 0.f)) return 0;
+    const int e = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;  // floor(log2 amax)
+    return min(max(13 - e, -100), 100);
+}
+
+// Two floats as the bits of an f16 pair (a in the low half), and back.
+__device__ __forceinline__ uint32_t f16x2_bits(float a, float b) {
+    const __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 f16x2_floats(uint32_t u) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
 // Two splits as a cluster of two blocks: block r finalises output columns 256r..256r + 255. Math
-// warpgroup cw != r of each block sends its unnormalised O (float4 i of thread wt at
-// (i * 128 + wt) * 16: conflict-free) into the other block's buffer xo (a free 64 KB stage) and its
-// row max and sum (base 2) into the other block's `red`, and returns false; warpgroup r merges them
-// into its O, out = (o 2^(m - M) + v 2^(m1 - M)) / (l 2^(m - M) + l1 2^(m1 - M)) with M = max(m, m1),
-// and returns true with the 1 / denominator per row in fin. Both cluster barriers need every thread
-// of both blocks (the other warpgroups call cluster_sync twice); the first waits until both blocks
-// are done with their stages.
+// warpgroup cw != r of each block sends its unnormalised O into the other block's buffer xo (a free
+// 64 KB stage) and its row max and sum (base 2) into the other block's `red`, and returns false;
+// warpgroup r merges them into its O, out = (o 2^(m - M) + v 2^(m1 - M)) / (l 2^(m - M) + l1 2^(m1 -
+// M)) with M = max(m, m1), and returns true with the 1 / denominator per row in fin. Both cluster
+// barriers need every thread of both blocks (the other warpgroups call cluster_sync twice); the
+// first waits until both blocks are done with their stages.
+// The partial goes, by default, as f16 scaled per row: each row's values times 2^k (f16_shift of
+// the row's largest magnitude, so no value overflows f16 and each keeps 11 significant bits), with
+// l1 2^k and m1 - k in place of l1 and m1, which leaves the merge's formula as it is (2^k cancels).
+// Eight values a uint4, uint4 j of thread wt at (j * 128 + wt) * 16 (conflict-free): 32 KB through
+// distributed shared memory, whose ~34 GB/s a block made the 64 KB of fp32 ~1.9 us of a call
+// (benches/results/2026-12-01-attention-decode-costs). With f32 (kFlagMergeF32) it goes as fp32,
+// float4 i at (i * 128 + wt) * 16. (A bf16 partial saved as much but added an error the size of the
+// output's own rounding: benches/results/2026-12-01-attention-merge-ab.)
 __device__ __forceinline__ bool c2_merge(float (&o)[128], const float (&m_run)[2], const float (&l_tot)[2], int cw, uint32_t wt,
-                                         int lane, const int (&rr)[2], uint8_t* xo, float* red, float (&fin)[2]) {
+                                         int lane, const int (&rr)[2], uint8_t* xo, float* red, float (&fin)[2], bool f32) {
     const uint32_t rank = cluster_ctarank();
     cluster_sync();
     if (cw != static_cast<int>(rank)) {
         const uint32_t o_remote = mapa_shared(smem_addr(xo), rank ^ 1), red_remote = mapa_shared(smem_addr(red), rank ^ 1);
+        float m_send[2] = {m_run[0], m_run[1]}, l_send[2] = {l_tot[0], l_tot[1]};
+        if (f32) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+            for (int i = 0; i < 32; ++i) st_cluster_v4(o_remote + (i * 128 + wt) * 16, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+        } else {
+            // A row's 256 columns lie in the four threads of a quad (o[4i + 2e], o[4i + 2e + 1]: row rr[e]).
+            float amax[2] = {0.f, 0.f};
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) amax[e] = fmaxf(amax[e], fmaxf(fabsf(o[4 * i + 2 * e]), fabsf(o[4 * i + 2 * e + 1])));
+            float sc[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                amax[e] = fmaxf(amax[e], __shfl_xor_sync(0xffffffffu, amax[e], 1));
+                amax[e] = fmaxf(amax[e], __shfl_xor_sync(0xffffffffu, amax[e], 2));
+                const int k = f16_shift(amax[e]);
+                sc[e] = __uint_as_float(static_cast<uint32_t>(127 + k) << 23);
+                m_send[e] -= static_cast<float>(k);
+                l_send[e] *= sc[e];
+            }
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                uint32_t w[4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 2 * j + h;
+                    w[2 * h] = f16x2_bits(o[4 * i] * sc[0], o[4 * i + 1] * sc[0]);
+                    w[2 * h + 1] = f16x2_bits(o[4 * i + 2] * sc[1], o[4 * i + 3] * sc[1]);
+                }
+                st_cluster_v4_u32(o_remote + (j * 128 + wt) * 16, make_uint4(w[0], w[1], w[2], w[3]));
+            }
+        }
         if (lane % 4 == 0)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                st_cluster_f32(red_remote + rr[e] * 4, m_run[e]);
-                st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_tot[e]);
+                st_cluster_f32(red_remote + rr[e] * 4, m_send[e]);
+                st_cluster_f32(red_remote + (HM + rr[e]) * 4, l_send[e]);
             }
     }
     cluster_sync();
@@ -282,14 +343,32 @@ __device__ __forceinline__ bool c2_merge(float (&o)[128], const float (&m_run)[2
         const float den = l_tot[e] * w[e] + l1 * w1[e];
         fin[e] = den > 0.f ? 1.f / den : 0.f;
     }
-    const float4* other = reinterpret_cast<const float4*>(xo);
+    if (f32) {
+        const float4* other = reinterpret_cast<const float4*>(xo);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        const float4 v = other[i * 128 + wt];
-        o[4 * i] = o[4 * i] * w[0] + v.x * w1[0];
-        o[4 * i + 1] = o[4 * i + 1] * w[0] + v.y * w1[0];
-        o[4 * i + 2] = o[4 * i + 2] * w[1] + v.z * w1[1];
-        o[4 * i + 3] = o[4 * i + 3] * w[1] + v.w * w1[1];
+        for (int i = 0; i < 32; ++i) {
+            const float4 v = other[i * 128 + wt];
+            o[4 * i] = o[4 * i] * w[0] + v.x * w1[0];
+            o[4 * i + 1] = o[4 * i + 1] * w[0] + v.y * w1[0];
+            o[4 * i + 2] = o[4 * i + 2] * w[1] + v.z * w1[1];
+            o[4 * i + 3] = o[4 * i + 3] * w[1] + v.w * w1[1];
+        }
+        return true;
+    }
+    const uint4* other = reinterpret_cast<const uint4*>(xo);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const uint4 u = other[j * 128 + wt];
+        const uint32_t uv[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = 2 * j + h;
+            const float2 a = f16x2_floats(uv[2 * h]), c = f16x2_floats(uv[2 * h + 1]);
+            o[4 * i] = o[4 * i] * w[0] + a.x * w1[0];
+            o[4 * i + 1] = o[4 * i + 1] * w[0] + a.y * w1[0];
+            o[4 * i + 2] = o[4 * i + 2] * w[1] + c.x * w1[1];
+            o[4 * i + 3] = o[4 * i + 3] * w[1] + c.y * w1[1];
+        }
     }
     return true;
 }
@@ -337,7 +416,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                                                float* __restrict__ ml_part, int32_t* __restrict__ status,
                                                uint32_t heads, uint32_t max_keys, uint32_t pool_rows,
                                                uint32_t tiles_per_split, float scale, uint32_t seqs,
-                                               const DiTmaMap& map_out, const DiTmaMap& map_kv, const DiTmaMap& map_q, uint32_t tma_runs) {
+                                               const DiTmaMap& map_out, const DiTmaMap& map_kv, const DiTmaMap& map_q, uint32_t flags) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* k_s = base + TILE;
@@ -424,7 +503,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
                     wait_empty(s);
                 // A tile of 64 consecutive pool rows (a page of a paged cache) loads by TMA, any
                 // other row by row (load_tile_chunks).
-                const bool run = publish_rows(idx + s * KT, t, next, next0, tma_runs);
+                const bool run = publish_rows(idx + s * KT, t, next, next0, flags);
                 const int32_t first = next0;
                 if (t < KT) {
                     next = row_of(k_begin + (it + 1) * KT + t);
@@ -560,7 +639,7 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
             // The other block's O arrives in this block's first key stage; the outputs leave through
             // the second.
             float f[2];
-            if (!c2_merge(o, m_run, l_tot, cw, wt, lane, rr, k_s, red, f)) return;
+            if (!c2_merge(o, m_run, l_tot, cw, wt, lane, rr, k_s, red, f, (flags & kFlagMergeF32) != 0)) return;
             stored = store_out(k_s + TILE, o, f, cluster_ctarank() * 256, b, map_out, rr, lane, wt, cw);
         } else if (splits == 1) {
             const float f[2] = {l_tot[0] > 0.f ? 1.f / l_tot[0] : 0.f, l_tot[1] > 0.f ? 1.f / l_tot[1] : 0.f};
@@ -635,7 +714,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
                                                int32_t* __restrict__ status, uint32_t heads, uint32_t max_keys,
                                                uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs,
                                                const DiTmaMap& map_out, const DiTmaMap& map_kv, const DiTmaMap& map_q,
-                                               uint32_t tma_runs) {
+                                               uint32_t flags) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* qs = base + SP_STAGES * TILE;                        // Q's chunks SP_QREG / 4.. (dims 384..511)
@@ -694,7 +773,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             // Half 0 frees after warpgroup 2's P V of the stage's last tile, which came after the S
             // warpgroup read that tile's rows: so the rows may be rewritten then.
             if (f > 0) mbar_wait(&empty[2 * s], (f - 1) & 1);
-            const bool run = publish_rows(idx + s * KT, t, next, next0, tma_runs);
+            const bool run = publish_rows(idx + s * KT, t, next, next0, flags);
             const int32_t first = next0;
             if (t < KT) {
                 next = row_of(k_begin + (it + 1) * KT + t);
@@ -827,7 +906,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     float fin[2];
     uint32_t col_half = cw;
     if constexpr (C2) {
-        if (!c2_merge(o, m_run, l_tot, cw, wt, lane, rr, base, red, fin)) return;
+        if (!c2_merge(o, m_run, l_tot, cw, wt, lane, rr, base, red, fin, (flags & kFlagMergeF32) != 0)) return;
         col_half = cluster_ctarank();
     } else {
 #pragma unroll
@@ -845,13 +924,13 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
         float *__restrict__ o_part, float *__restrict__ ml_part, int32_t *__restrict__ status, uint32_t heads,         \
         uint32_t max_keys, uint32_t pool_rows, uint32_t tiles_per_split, float scale, uint32_t seqs,                 \
         const __grid_constant__ DiTmaMap map_out, const __grid_constant__ DiTmaMap map_kv,                      \
-        const __grid_constant__ DiTmaMap map_q, uint32_t tma_runs
+        const __grid_constant__ DiTmaMap map_q, uint32_t flags
 #define DI_ATTN_WG_ARGS                                                                                          \
     q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows, tiles_per_split, \
-        scale, seqs, map_out, map_kv, map_q, tma_runs
+        scale, seqs, map_out, map_kv, map_q, flags
 #define DI_ATTN_SP_ARGS                                                                                            \
     kv, key_rows, key_counts, sink, status, heads, max_keys, pool_rows, tiles_per_split, scale, seqs, map_out, map_kv, \
-        map_q, tma_runs
+        map_q, flags
 
 // Any number of splits (several: fp32 partials merged by di_attn_decode_combine).
 extern "C" __global__ void __launch_bounds__(DI_ATTN_WG_THREADS, 1) di_attn_decode_wg(DI_ATTN_WG_PARAMS) {

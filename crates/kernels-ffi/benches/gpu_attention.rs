@@ -11,7 +11,8 @@
 //! launches, median of 20 batches.
 
 use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
+    attention_decode, cuda_kernel, decode_splits, set_merge_f32, set_s_warpgroup, set_tma_runs, set_wgmma,
+    DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::testing::{
     cuda_device_or_skip, paged_key_rows, rel_err, switch_kernels, BenchOnly, SplitMix,
@@ -77,11 +78,19 @@ fn main() {
             let variants: &[bool] = if paged && wgmma { &[true, false] } else { &[true] };
             // Where sm_90 takes an S-warpgroup kernel (the default), the turn-taking one too.
             let kernels: &[bool] = if kernel.starts_with("di_attn_decode_sp") { &[true, false] } else { &[true] };
-            for (&tma, &s_wg) in variants.iter().flat_map(|t| kernels.iter().map(move |d| (t, d))) {
+            // Two splits on the Hopper cluster kernels: the merge's partial as scaled f16 (the
+            // default) and as fp32 ("/f32merge").
+            let merges: &[bool] = if wgmma && decode_splits(shape).0 == 2 { &[false, true] } else { &[false] };
+            let configs = variants
+                .iter()
+                .flat_map(|&t| kernels.iter().flat_map(move |&k| merges.iter().map(move |&m| (t, k, m))));
+            for (tma, s_wg, f32_merge) in configs {
                 set_tma_runs(tma);
                 set_s_warpgroup(s_wg);
+                set_merge_f32(f32_merge);
                 let kernel = cuda_kernel(&s, shape).unwrap_or_default();
-                let kernel = if tma { kernel.to_string() } else { format!("{kernel}/gather") };
+                let kernel =
+                    format!("{kernel}{}{}", if tma { "" } else { "/gather" }, if f32_merge { "/f32merge" } else { "" });
                 attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
                 // Check sequence 0 against the CPU.
                 let one = DecodeAttnShape { batch: 1, ..shape };
@@ -170,6 +179,7 @@ fn main() {
             }
             set_tma_runs(true);
             set_s_warpgroup(true);
+            set_merge_f32(false);
         }
         set_wgmma(true);
         drop(pools);

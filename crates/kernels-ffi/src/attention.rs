@@ -46,6 +46,21 @@ pub fn tma_runs() -> bool {
     TMA_RUNS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static MERGE_F32: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the Hopper two-split cluster kernels send a block's partial output to the other block
+/// as fp32 (64 KB through distributed shared memory) instead of f16 scaled by a power of two per
+/// row (32 KB, 11 significant bits a value: the default): a process-wide switch for A/B benchmarks
+/// and tests; the results agree within the attention tolerance either way.
+pub fn set_merge_f32(on: bool) {
+    MERGE_F32.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_merge_f32`] sets.
+pub fn merge_f32() -> bool {
+    MERGE_F32.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static S_WARPGROUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Whether decode on the Hopper kernel may give S and the softmax of every key tile to one

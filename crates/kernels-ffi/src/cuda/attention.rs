@@ -111,7 +111,8 @@ pub(crate) fn attention_decode(
     } else {
         None
     };
-    let tma_runs = u32::from(crate::attention::tma_runs());
+    // The kernels' flags word (kFlag* in attention_sm90.cu).
+    let flags = u32::from(crate::attention::tma_runs()) | u32::from(crate::attention::merge_f32()) << 1;
     let mut l = s.launch_builder(&f);
     l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
     match parts.as_mut() {
@@ -120,14 +121,14 @@ pub(crate) fn attention_decode(
     };
     l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
     if let Some((map_q, map_out, map_kv)) = &maps {
-        l.arg(&shape.batch).arg(map_out).arg(map_kv).arg(map_q).arg(&tma_runs);
+        l.arg(&shape.batch).arg(map_out).arg(map_kv).arg(map_q).arg(&flags);
     }
     // SAFETY: matches di_attn_decode and the wgmma kernels di_attn_decode_{wg, wg_c2, sp, sp_c2}
     // (q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows,
     // tiles_per_split, scale, and for the wgmma kernels seqs = batch, which the grid's x covers once
     // (all but di_attn_decode_wg with one split, which loops over it), map_out, out's [batch, heads,
     // 1024] bytes, map_kv, kv's [pool_rows, 1024] bytes, map_q, q's [batch, heads, 1024] bytes, and
-    // the tma_runs flag; the partials are null where no combine follows and then never written); the
+    // the flags word; the partials are null where no combine follows and then never written); the
     // sp kernels' 512 threads and shared memory are ATTN_SP_SMEM's layout; the op checked
     // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
     // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
