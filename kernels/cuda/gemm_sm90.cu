@@ -1114,7 +1114,8 @@ DI_PROBE_WGMMA(128)
 // wgmmas run while the first's are scaled; nothing is in flight across the loop edge (else ptxas
 // serialises the wgmma).
 // Programmatic dependent launch: the blocks set up their barriers and let the next grid start before
-// waiting for the grid before (which may write the chunks, x or read y).
+// waiting for the grid before (which may write the chunks, x or read y); over settled chunks (flags
+// bit 2) the TMA warp reads them and issues W without waiting, and only the compute warps wait.
 #if DI_SM90
 namespace {
 
@@ -1205,12 +1206,16 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     ring_init(full, empty, F4D_STAGES, 4);  // empty: lane 0 of each compute warp
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp == 4 && lane == 0) tma_prefetch_map(&map_w);
-    pdl_wait();  // the chunks, x and y belong to the grids before
+    // Settled chunks (bit 2): the grid that wrote them had completed before the grid before this one
+    // started, so the chunks are read, and the block's W slots issued, before the wait (from L2:
+    // ld.global.cg, no L1 line of an earlier read); only the compute warps wait, for x and y.
+    const bool one_each = flags & 1u, x_single = flags & 2u, settled = flags & 4u;
+    if (!settled) pdl_wait();  // the chunks, x and y belong to the grids before
+    auto chunk_at = [&](uint32_t z) { return settled ? __ldcg(chunks + z) : __ldg(chunks + z); };
     // A block an item (the grid covers every item the dispatch can hold): block b's item is b
     // whatever the count, so its chunk is read together with the count, not after it.
-    const bool one_each = flags & 1u, x_single = flags & 2u;
-    const int32_t count = *num_chunks;
-    const int4 c_first = one_each ? __ldg(chunks + blockIdx.x / tiles) : make_int4(0, 0, 0, 0);
+    const int32_t count = settled ? __ldcg(num_chunks) : *num_chunks;
+    const int4 c_first = one_each ? chunk_at(blockIdx.x / tiles) : make_int4(0, 0, 0, 0);
     const uint32_t items = static_cast<uint32_t>(max(count, 0)) * tiles;
     const uint32_t per = one_each ? 1u : (items + gridDim.x - 1) / gridDim.x;
     const uint32_t i0 = min(blockIdx.x * per, items), i1 = min(i0 + per, items);
@@ -1228,7 +1233,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
             for (uint32_t j = from; j < to; ++j) {
                 const uint32_t it = i0 + j / pairs, p = j % pairs;
                 if (j == from || p == 0) {
-                    const int4 c = one_each ? c_first : __ldg(chunks + it / tiles);
+                    const int4 c = one_each ? c_first : chunk_at(it / tiles);
                     wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
                 }
                 const uint32_t s = j % F4D_STAGES;
@@ -1247,6 +1252,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
         return;
     }
 
+    if (settled) pdl_wait();  // x and y belong to the grids before
     const uint32_t g = lane / 4, q = lane % 4;
     // This thread's W words: row 16 warp + g (+ 8 rows: 1024 bytes on, same swizzle), unit u at
     // u ^ g, word q.
@@ -1282,7 +1288,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     }
     for (uint32_t it = i0; it < i1; ++it) {
         const uint32_t z = it / tiles;
-        const int4 c = one_each ? c_first : __ldg(chunks + z);
+        const int4 c = one_each ? c_first : chunk_at(z);
         const uint32_t row0 = static_cast<uint32_t>(c.y), m = static_cast<uint32_t>(c.z);
         if (z != rounded && !(single_ready && m == 1)) {
             named_barrier(1, 128);  // every warp is done with the previous chunk's x and scales
@@ -1393,7 +1399,9 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 // (pdl_trigger). pre: W slots a block issues before its first x loads (all of them when >= its
 // slots; else the rest once those loads are out). flags: bit 0, the grid has a block for every
 // item the chunks' buffer can hold (block b takes item b); bit 1, x has one row, which every
-// dispatch row reads (a one-token batch).
+// dispatch row reads (a one-token batch); bit 2, the chunks are settled: the grid that wrote them
+// completed before the grid before this one started (a grouped GEMM over the same dispatch came
+// between), so they are read, and W issued, before the wait for that grid.
 #define DI_GEMM_FP4Q_WG(N, MINB)                                                                                \
     extern "C" __global__ void __launch_bounds__(160, MINB) di_gemm_fp4q_wg_n##N(                              \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x,                           \

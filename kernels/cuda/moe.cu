@@ -480,12 +480,17 @@ extern "C" __global__ void __launch_bounds__(256) di_moe_place(const int32_t* __
 // fused gate/up GEMM's output rows), times weights[row_pair[r]] when weights is given (the official
 // "weight before w2"), then with `quantize` rounded to FP8 per 1x128 block of the row (the official
 // activation quantisation of w2's input). One warp per (row, 128 columns); inter % 128 == 0 when
-// quantising.
+// quantising. `pdl`: launched with programmatic dependent launch, so the next grid (the down GEMM,
+// whose weights do not depend on this one) may start once every block has begun; every block waits
+// for the grid before (the gate/up GEMM) before it reads gu.
 extern "C" __global__ void __launch_bounds__(256) di_moe_swiglu(const __nv_bfloat16* __restrict__ gu,
                                                                 __nv_bfloat16* __restrict__ h,
                                                                 const float* __restrict__ weights,
                                                                 const int32_t* __restrict__ row_pair, uint32_t rows,
-                                                                uint32_t inter, float limit, uint32_t quantize) {
+                                                                uint32_t inter, float limit, uint32_t quantize,
+                                                                uint32_t pdl) {
+    pdl_trigger(pdl);
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const uint32_t blocks = (inter + 127) / 128;
     const uint32_t c = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);

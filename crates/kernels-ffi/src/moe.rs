@@ -409,6 +409,45 @@ pub fn gemm_grouped(
     k: u32,
     quantize: bool,
 ) -> Result<()> {
+    grouped(stream, format, x, d, w, scale, y, n, k, quantize, false)
+}
+
+/// [`gemm_grouped`] over a settled dispatch: `d`'s buffers were complete before the kernel queued
+/// just before this call on `stream` started, as when a grouped GEMM over `d` (whose blocks read
+/// them only after waiting for the grid that wrote them) and kernels launched after it are all that
+/// came between: the down projection after gate/up and SwiGLU. With programmatic dependent launch
+/// the Hopper decode kernel then reads the chunks and starts its weights streaming before it waits
+/// for that kernel, so they load under its tail; the output is the same bits either way.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_grouped_settled(
+    stream: &Stream,
+    format: WeightFormat,
+    x: GroupedInput<'_>,
+    d: &MoeDispatch,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<bf16>,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> Result<()> {
+    grouped(stream, format, x, d, w, scale, y, n, k, quantize, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn grouped(
+    stream: &Stream,
+    format: WeightFormat,
+    x: GroupedInput<'_>,
+    d: &MoeDispatch,
+    w: &DeviceBuffer<u8>,
+    scale: &DeviceBuffer<u8>,
+    y: &mut DeviceBuffer<bf16>,
+    n: u32,
+    k: u32,
+    quantize: bool,
+    settled: bool,
+) -> Result<()> {
     const OP: &str = "gemm_grouped";
     if n == 0 || k == 0 || !k.is_multiple_of(128) {
         return Err(FfiError::shape(OP, "k", format!("n {n} and k {k} must be positive, k a multiple of 128")));
@@ -437,11 +476,12 @@ pub fn gemm_grouped(
             GroupedInput::Tokens(_) => Some((d.row_pair.host(), d.shape.top_k as usize)),
             GroupedInput::Rows(_) => None,
         };
+        let _ = settled;
         host::gemm_grouped(format, xb.host(), gather, d.offsets.host(), w.host(), scale.host(), y.host_mut(), &p);
         return Ok(());
     }
     #[cfg(feature = "cuda")]
-    return crate::cuda::moe::gemm_grouped(stream, format, x, d, w, scale, y, &p);
+    return crate::cuda::moe::gemm_grouped(stream, format, x, d, w, scale, y, &p, settled);
     #[cfg(not(feature = "cuda"))]
     unreachable!("without the CUDA backend every stream is a CPU stream")
 }
@@ -461,6 +501,40 @@ pub fn swiglu(
     inter: u32,
     limit: f32,
     quantize: bool,
+) -> Result<()> {
+    swiglu_launch(stream, gu, h, weights, rows, inter, limit, quantize, false)
+}
+
+/// [`swiglu`] launched, on CUDA, with programmatic dependent launch (unless switched off,
+/// [`crate::ops::set_pdl`]): its blocks let the next kernel on the stream start as soon as they all
+/// have begun, so a down GEMM over a settled dispatch ([`gemm_grouped_settled`]) streams its
+/// weights while this one runs. The next kernel must wait (as the GEMMs do) before it reads h.
+/// The same bits as [`swiglu`].
+#[allow(clippy::too_many_arguments)]
+pub fn swiglu_early(
+    stream: &Stream,
+    gu: &DeviceBuffer<bf16>,
+    h: &mut DeviceBuffer<bf16>,
+    weights: Option<(&Routed, &MoeDispatch)>,
+    rows: u32,
+    inter: u32,
+    limit: f32,
+    quantize: bool,
+) -> Result<()> {
+    swiglu_launch(stream, gu, h, weights, rows, inter, limit, quantize, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn swiglu_launch(
+    stream: &Stream,
+    gu: &DeviceBuffer<bf16>,
+    h: &mut DeviceBuffer<bf16>,
+    weights: Option<(&Routed, &MoeDispatch)>,
+    rows: u32,
+    inter: u32,
+    limit: f32,
+    quantize: bool,
+    early: bool,
 ) -> Result<()> {
     const OP: &str = "swiglu";
     if inter == 0 || (quantize && !inter.is_multiple_of(128)) {
@@ -492,11 +566,12 @@ pub fn swiglu(
     }
     if on_cpu(stream) {
         let wts = weights.map(|(r, d)| (r.weights.host(), d.row_pair.host()));
+        let _ = early;
         host::swiglu(gu.host(), h.host_mut(), wts, rows as usize, inter as usize, limit, quantize);
         return Ok(());
     }
     #[cfg(feature = "cuda")]
-    return crate::cuda::moe::swiglu(stream, gu, h, weights, rows, inter, limit, quantize);
+    return crate::cuda::moe::swiglu(stream, gu, h, weights, rows, inter, limit, quantize, early);
     #[cfg(not(feature = "cuda"))]
     unreachable!("without the CUDA backend every stream is a CPU stream")
 }

@@ -144,6 +144,23 @@ pub fn shared_expert_overlap() -> bool {
     SHARED_EXPERT_OVERLAP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static SETTLED_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether [`forward`] runs the routed SwiGLU with programmatic dependent launch and the down GEMM
+/// over a settled dispatch ([`ops::swiglu_early`], [`ops::gemm_grouped_settled`]: the dispatch was
+/// written before the gate/up GEMM began, so the down GEMM reads it and streams its weights under
+/// the SwiGLU) or as plain launches after each other (the default until the first form has been
+/// measured and its bits checked on a GPU: `gpu_moe` tests and bench): a process-wide switch for
+/// A/B benchmarks; the output is meant to be the same bits either way.
+pub fn set_settled_down(on: bool) {
+    SETTLED_DOWN.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_settled_down`] sets.
+pub fn settled_down() -> bool {
+    SETTLED_DOWN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Tokens from which the shared expert's gate/up GEMM takes x quantised by a separate pass
 /// (`quantize_act_fp8`, then `gemm_fp8_act`) instead of quantising it itself: batches the FP8
 /// prefill kernels run on (more than 32 rows), which would otherwise redo it per column block.
@@ -259,13 +276,22 @@ fn routed_experts(
     let pairs = shape.pairs() as u32;
     let xin = GroupedInput::Tokens(x);
     ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w13.0, &r.w13.1, &mut ws.gu, 2 * i, d, true)?;
-    ops::swiglu(stream, &ws.gu, &mut ws.h, Some((&ws.routed, &ws.dispatch)), pairs, i, w.limit, true)?;
+    let weights = Some((&ws.routed, &ws.dispatch));
+    // The dispatch was complete before the gate/up GEMM began (the routing kernels before it are
+    // plain launches), so after it the dispatch is settled for the down GEMM.
+    let settled = settled_down();
+    if settled {
+        ops::swiglu_early(stream, &ws.gu, &mut ws.h, weights, pairs, i, w.limit, true)?;
+    } else {
+        ops::swiglu(stream, &ws.gu, &mut ws.h, weights, pairs, i, w.limit, true)?;
+    }
     // h is already on the FP8 grid of its 1×128 blocks, so quantising it again changes no value; at
     // decode tiles the flag lets the FP8-activation decode kernels take the down GEMM too (at
     // prefill tiles it would only add a rounding pass).
     let hin = GroupedInput::Rows(&ws.h);
     let requantize = ws.dispatch.tile <= 16;
-    ops::gemm_grouped(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)
+    let down = if settled { ops::gemm_grouped_settled } else { ops::gemm_grouped };
+    down(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)
 }
 
 /// The shared expert of `w` on `stream`: gate/up (one GEMM over the stacked w13), SwiGLU, down, into

@@ -19,7 +19,7 @@ use deepinfer_kernels_ffi::ops::{
 };
 use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, fresh_seed, rel_err, switch_kernels, SplitMix};
 use deepinfer_kernels_ffi::{DeviceBuffer, Element, Stream};
-use deepinfer_moe::layer::{forward, set_shared_expert_overlap, MoeWeights, MoeWorkspace, RandomMoe};
+use deepinfer_moe::layer::{forward, set_settled_down, set_shared_expert_overlap, MoeWeights, MoeWorkspace, RandomMoe};
 use half::bf16;
 
 fn f32s<T: Element>(s: &Stream, b: &DeviceBuffer<T>, n: usize) -> Vec<f32> {
@@ -203,6 +203,17 @@ fn check_layer(gpu: &Stream, spec: RandomMoe, tokens: u32, rng: &mut SplitMix) {
         gpu.download(&outg3).unwrap(),
         gpu.download(&outg).unwrap(),
         "{tag}: the shared expert on one stream differs from overlapped"
+    );
+    // The routed SwiGLU under programmatic dependent launch and the down GEMM over a settled
+    // dispatch (reading it, and starting its weights, before waiting) give the same bits as the
+    // default plain launches.
+    set_settled_down(true);
+    let (_, outg4) = run(gpu, &wg);
+    set_settled_down(false);
+    assert_eq!(
+        gpu.download(&outg4).unwrap(),
+        gpu.download(&outg).unwrap(),
+        "{tag}: the down GEMM over a settled dispatch differs from plain launches"
     );
 }
 

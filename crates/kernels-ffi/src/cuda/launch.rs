@@ -596,6 +596,8 @@ pub(crate) enum TcJobs<'a> {
     Dense,
     /// MoE chunks (expert, first row, rows) from a dispatch: at most `capacity` of them, about
     /// `active` of which are live when rows are few; experts' weights `w_stride` / `s_stride` bytes apart.
+    /// `settled`: the chunks were complete before the kernel queued before this launch started
+    /// ([`crate::moe::gemm_grouped_settled`]).
     Grouped {
         chunks: &'a DeviceBuffer<i32>,
         num_chunks: &'a DeviceBuffer<i32>,
@@ -604,6 +606,7 @@ pub(crate) enum TcJobs<'a> {
         active: u32,
         w_stride: u64,
         s_stride: u64,
+        settled: bool,
     },
 }
 

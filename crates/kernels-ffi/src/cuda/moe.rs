@@ -1,7 +1,7 @@
 //! Launches of the MoE kernels (kernels/cuda/moe.cu) and of the grouped tensor-core GEMM
 //! (gemm.cu). The ops in `crate::moe` validated every length and device before calling here.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Stream};
@@ -398,6 +398,7 @@ pub(crate) fn gemm_grouped(
     scale: &DeviceBuffer<u8>,
     y: &mut DeviceBuffer<bf16>,
     p: &GemmParams,
+    settled: bool,
 ) -> Result<()> {
     let (wb, sb) = format.bytes(p.n as usize, p.k as usize);
     let (xb, gather) = match x {
@@ -412,6 +413,7 @@ pub(crate) fn gemm_grouped(
         active: d.shape.experts.min(d.shape.pairs() as u32),
         w_stride: wb as u64,
         s_stride: sb as u64,
+        settled,
     };
     gemm_tc_launch(stream, format, xb, gather, w, scale, y, p, jobs)
 }
@@ -426,24 +428,51 @@ pub(crate) fn swiglu(
     inter: u32,
     limit: f32,
     quantize: bool,
+    early: bool,
 ) -> Result<()> {
-    let f = backend(stream).function("moe", "di_moe_swiglu")?;
+    let be = backend(stream);
+    let f = be.function("moe", "di_moe_swiglu")?;
     let s = stream.cuda_stream("swiglu", "gu")?;
     let warps = rows as u64 * inter.div_ceil(128) as u64;
     let blocks = u32::try_from(warps.div_ceil(8))
         .map_err(|_| crate::FfiError::shape("swiglu", "rows", format!("{rows} rows exceed one launch")))?;
-    let q = quantize as u32;
-    let mut b = s.launch_builder(&f);
-    b.arg(gu.cuda()).arg(h.cuda_mut());
-    match weights {
-        Some((r, d)) => b.arg(r.weights.cuda()).arg(d.row_pair.cuda()),
-        None => b.arg(&NULL).arg(&NULL),
+    let (mut gu_ptr, _gu_sync) = gu.cuda().device_ptr(s);
+    let (mut h_ptr, _h_sync) = h.cuda_mut().device_ptr_mut(s);
+    let (mut w_ptr, _w_sync, mut rp_ptr, _rp_sync) = match weights {
+        Some((r, d)) => {
+            let (w, ws) = r.weights.cuda().device_ptr(s);
+            let (rp, rps) = d.row_pair.cuda().device_ptr(s);
+            (w, Some(ws), rp, Some(rps))
+        }
+        None => (0, None, 0, None),
     };
-    b.arg(&rows).arg(&inter).arg(&limit).arg(&q);
-    // SAFETY: matches di_moe_swiglu; gu holds rows * 2 * inter and h rows * inter (checked), row_pair holds >= rows
-    // pair indices < pairs (rows past the routed ones hold 0) and weights holds pairs entries.
-    unsafe { b.launch(cfg((blocks, 1, 1), 256)) }?;
-    Ok(())
+    let (mut rows, mut inter, mut limit, mut q) = (rows, inter, limit, quantize as u32);
+    if !early {
+        // A plain launch (`pdl` 0), as before the early form existed.
+        let mut b = s.launch_builder(&f);
+        b.arg(&gu_ptr).arg(&h_ptr).arg(&w_ptr).arg(&rp_ptr).arg(&rows).arg(&inter).arg(&limit).arg(&q).arg(&0u32);
+        // SAFETY: as below, with `pdl` 0: the kernel neither triggers its dependents early nor waits.
+        unsafe { b.launch(cfg((blocks, 1, 1), 256)) }?;
+        return Ok(());
+    }
+    let pdl = be.pdl_for(s, crate::ops::pdl());
+    let mut pdl_arg = pdl as u32;
+    let mut args: [*mut std::ffi::c_void; 9] = [
+        (&mut gu_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut h_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut w_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut rp_ptr as *mut sys::CUdeviceptr).cast(),
+        (&mut rows as *mut u32).cast(),
+        (&mut inter as *mut u32).cast(),
+        (&mut limit as *mut f32).cast(),
+        (&mut q as *mut u32).cast(),
+        (&mut pdl_arg as *mut u32).cast(),
+    ];
+    // SAFETY: di_moe_swiglu takes (gu, h, weights, row_pair, rows, inter, limit, quantize, pdl) in
+    // this order and types; gu holds rows * 2 * inter and h rows * inter (checked), row_pair holds
+    // >= rows pair indices < pairs (rows past the routed ones hold 0) and weights holds pairs entries
+    // (both null without weights); the buffers stay alive until queued (their sync guards).
+    unsafe { be.launch_ex(s, &f, cfg((blocks, 1, 1), 256), pdl, &mut args) }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -348,14 +348,15 @@ pub(crate) fn fp4q_wg_grid(items: u64, cols: u32, k: u32, sm_count: u32) -> u32 
 /// x): bit 0 when the grid has a block an item (block b's item is b, so a block reads its chunk
 /// together with the chunk count instead of after it), bit 1 when every row reads x's row 0 (one
 /// token: p.m <= top_k pairs with a gather, one row without), so the blocks round x before any
-/// chunk is known.
-pub(crate) fn fp4q_wg_flags(grid: u32, items: u64, rows: u32, gather_div: Option<u32>) -> u32 {
+/// chunk is known, and bit 2 when the chunks are `settled` (complete before the kernel queued
+/// before this one started), so the blocks read them and issue their W slots before waiting for it.
+pub(crate) fn fp4q_wg_flags(grid: u32, items: u64, rows: u32, gather_div: Option<u32>, settled: bool) -> u32 {
     let one_each = grid as u64 >= items;
     let x_single = match gather_div {
         Some(div) => rows <= div,
         None => rows <= 1,
     };
-    one_each as u32 | (x_single as u32) << 1
+    one_each as u32 | (x_single as u32) << 1 | (settled as u32) << 2
 }
 
 /// W slots (8 KiB) a block of the grouped FP4 decode GEMM with one or two items (a one-token
@@ -380,7 +381,8 @@ pub(crate) fn gemm_fp4q_wg_launch(
     p: &crate::params::GemmParams,
     jobs: &super::launch::TcJobs<'_>,
 ) -> Result<()> {
-    let super::launch::TcJobs::Grouped { chunks, num_chunks, capacity, tile, w_stride, s_stride, .. } = jobs else {
+    let super::launch::TcJobs::Grouped { chunks, num_chunks, capacity, tile, w_stride, s_stride, settled, .. } = jobs
+    else {
         return Err(crate::FfiError::shape("gemm_grouped", "jobs", "the FP4 decode wgmma kernel takes MoE chunks"));
     };
     let experts = fp4_tma_experts(w, *w_stride, *s_stride, p)?;
@@ -393,7 +395,7 @@ pub(crate) fn gemm_fp4q_wg_launch(
     let mut map_w = tma_map_bytes_128(w_ptr, experts * p.n as u64, p.k as u64 / 2, 64)?;
     let items = *capacity as u64 * (p.n / 64) as u64;
     let grid = fp4q_wg_grid(items, cols, p.k, be.sm_count());
-    let mut flags = fp4q_wg_flags(grid, items, p.m, gather.map(|(_, d)| d));
+    let mut flags = fp4q_wg_flags(grid, items, p.m, gather.map(|(_, d)| d), *settled);
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (FP4Q_WG_THREADS, 1, 1), shared_mem_bytes: smem };
     let (mut x_ptr, _x_sync) = x.cuda().device_ptr(s);
     let (mut g_ptr, _g_sync, mut div) = match gather {
@@ -449,15 +451,21 @@ mod tests {
     #[test]
     fn fp4q_wg_flags_mark_a_block_an_item_and_one_token() {
         // One token, top-6, gate/up: 6 chunks x 64 tiles on a 396-block grid; every row is token 0.
-        assert_eq!(fp4q_wg_flags(384, 384, 6, Some(6)), 0b11);
+        assert_eq!(fp4q_wg_flags(384, 384, 6, Some(6), false), 0b11);
         // Its down projection reads six distinct rows of h.
-        assert_eq!(fp4q_wg_flags(384, 384, 6, None), 0b01);
+        assert_eq!(fp4q_wg_flags(384, 384, 6, None, false), 0b01);
+        // The same down projection over a settled dispatch (a GEMM over it came between).
+        assert_eq!(fp4q_wg_flags(384, 384, 6, None, true), 0b101);
         // Two tokens: 13 chunks x 64 tiles outnumber the grid; rows read two tokens.
-        assert_eq!(fp4q_wg_flags(396, 832, 12, Some(6)), 0);
-        assert_eq!(fp4q_wg_flags(396, 832, 1, None), 0b10);
+        assert_eq!(fp4q_wg_flags(396, 832, 12, Some(6), false), 0);
+        assert_eq!(fp4q_wg_flags(396, 832, 1, None, false), 0b10);
         for grid in 1..50u32 {
             for items in 1..50u64 {
-                assert_eq!(fp4q_wg_flags(grid, items, 7, Some(6)) & 1 == 1, grid as u64 >= items);
+                assert_eq!(fp4q_wg_flags(grid, items, 7, Some(6), false) & 1 == 1, grid as u64 >= items);
+                assert_eq!(
+                    fp4q_wg_flags(grid, items, 7, Some(6), true) & !4,
+                    fp4q_wg_flags(grid, items, 7, Some(6), false)
+                );
             }
         }
     }
