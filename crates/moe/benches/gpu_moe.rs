@@ -176,20 +176,18 @@ fn case(
         let xin = GroupedInput::Tokens(x);
         mops::gemm_grouped(st, r.format, xin, dsp, &r.w13.0, &r.w13.1, gu, 2 * w.inter, w.dim, true)
     };
-    let down_on = |st: &Stream, h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| {
-        let hin = GroupedInput::Rows(h);
-        mops::gemm_grouped(st, r.format, hin, dsp, &r.w2.0, &r.w2.1, y, w.dim, w.inter, dsp.tile <= 16)
-    };
+    // `settled`: over a settled dispatch, as the layer can run it after the SwiGLU (the GPU-queued
+    // calls cycle through dispatches made before them, so each is settled for the next call).
+    let down_on =
+        |settled: bool, st: &Stream, h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| {
+            let f = if settled { mops::gemm_grouped_settled } else { mops::gemm_grouped };
+            f(st, r.format, GroupedInput::Rows(h), dsp, &r.w2.0, &r.w2.1, y, w.dim, w.inter, dsp.tile <= 16)
+        };
     let gate_up_gemm = |x: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, gu: &mut DeviceBuffer<bf16>| {
         gate_up_on(s, x, dsp, gu).unwrap()
     };
-    let down_gemm =
-        |h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| down_on(s, h, dsp, y).unwrap();
-    // The down GEMM over a settled dispatch, as the layer runs it after the SwiGLU: the calls below
-    // cycle through dispatches made before them, so each is settled for the next call.
-    let down_settled_on = |st: &Stream, h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| {
-        let hin = GroupedInput::Rows(h);
-        mops::gemm_grouped_settled(st, r.format, hin, dsp, &r.w2.0, &r.w2.1, y, w.dim, w.inter, dsp.tile <= 16)
+    let down_gemm = |h: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, y: &mut DeviceBuffer<bf16>| {
+        down_on(false, s, h, dsp, y).unwrap()
     };
     let pairs = tokens * w.top_k;
     let mut stages = serde_json::Map::new();
@@ -390,11 +388,12 @@ fn case(
                 let gs = s.device().new_stream().unwrap();
                 // Once on the stream before capturing: per-stream scratch is made outside the graphs.
                 gate_up_on(&gs, &xs[0], &dsps[0], &mut ws.gu).unwrap();
-                down_on(&gs, &ws.h, &dsps[0], &mut ws.y).unwrap();
+                down_on(false, &gs, &ws.h, &dsps[0], &mut ws.y).unwrap();
                 let gu = gs
                     .capture(|g| xs.iter().zip(&dsps).try_for_each(|(x, dsp)| gate_up_on(g, x, dsp, &mut ws.gu)))
                     .unwrap();
-                let dn = gs.capture(|g| dsps.iter().try_for_each(|dsp| down_on(g, &ws.h, dsp, &mut ws.y))).unwrap();
+                let dn =
+                    gs.capture(|g| dsps.iter().try_for_each(|dsp| down_on(false, g, &ws.h, dsp, &mut ws.y))).unwrap();
                 let per_call = |graph: &deepinfer_kernels_ffi::Graph| {
                     batched_ms(&gs, 1, || graph.launch().unwrap()) / dsps.len() as f64
                 };
@@ -405,13 +404,13 @@ fn case(
                 // before the wait for the call before.
                 let t = batched_ms(s, batch, || {
                     q = (q + 1) % dsps.len();
-                    down_settled_on(s, &ws.h, &dsps[q], &mut ws.y).unwrap()
+                    down_on(true, s, &ws.h, &dsps[q], &mut ws.y).unwrap()
                 });
                 s.synchronize().unwrap();
                 let gs = s.device().new_stream().unwrap();
-                down_settled_on(&gs, &ws.h, &dsps[0], &mut ws.y).unwrap();
+                down_on(true, &gs, &ws.h, &dsps[0], &mut ws.y).unwrap();
                 let dn =
-                    gs.capture(|g| dsps.iter().try_for_each(|dsp| down_settled_on(g, &ws.h, dsp, &mut ws.y))).unwrap();
+                    gs.capture(|g| dsps.iter().try_for_each(|dsp| down_on(true, g, &ws.h, dsp, &mut ws.y))).unwrap();
                 let tg = batched_ms(&gs, 1, || dn.launch().unwrap()) / dsps.len() as f64;
                 let (f, fg) = (of_floor(1.0, t), of_floor(1.0, tg));
                 println!("  routed_down_gemm_settled  GPU-queued {t:.4} ms  achieved/byte floor {f:.3}; graph {tg:.4} ms, {fg:.3}");

@@ -447,15 +447,8 @@ pub(crate) fn swiglu(
         None => (0, None, 0, None),
     };
     let (mut rows, mut inter, mut limit, mut q) = (rows, inter, limit, quantize as u32);
-    if !early {
-        // A plain launch (`pdl` 0), as before the early form existed.
-        let mut b = s.launch_builder(&f);
-        b.arg(&gu_ptr).arg(&h_ptr).arg(&w_ptr).arg(&rp_ptr).arg(&rows).arg(&inter).arg(&limit).arg(&q).arg(&0u32);
-        // SAFETY: as below, with `pdl` 0: the kernel neither triggers its dependents early nor waits.
-        unsafe { b.launch(cfg((blocks, 1, 1), 256)) }?;
-        return Ok(());
-    }
-    let pdl = be.pdl_for(s, crate::ops::pdl());
+    // Programmatic dependent launch only for the early form (without it a plain launch, `pdl` 0).
+    let pdl = be.pdl_for(s, early && crate::ops::pdl());
     let mut pdl_arg = pdl as u32;
     let mut args: [*mut std::ffi::c_void; 9] = [
         (&mut gu_ptr as *mut sys::CUdeviceptr).cast(),
