@@ -853,7 +853,7 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_
             const uint32_t c = c0 + u * halves;
             float v[8];
             const float s = pow2_scale(half_warp_block_amax(raw[u], v));
-            const float inv = __frcp_rn(s);  // exact: s is a power of two
+            const float inv = pow2_recip(s);
             uint32_t packed[2] = {0, 0};
 #pragma unroll
             for (int i = 0; i < 8; i += 2)
@@ -907,7 +907,7 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_f16p(const __nv_
     __half q[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-        q[i] = __half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(v[i] * __frcp_rn(s), __NV_SATFINITE, __NV_E4M3), __NV_E4M3));
+        q[i] = __half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(v[i] * pow2_recip(s), __NV_SATFINITE, __NV_E4M3), __NV_E4M3));
     // Lane 2u holds x0..x3 of run u, lane 2u+1 x4..x7; each writes half the run's 8 slots.
     const bool odd = lane & 1;
     const __half r0 = __shfl_xor_sync(0xffffffffu, odd ? q[0] : q[2], 1);

@@ -736,6 +736,9 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
                                                  int lane, bool signal) {
     constexpr int U = 10, HALVES = 14;
     const uint32_t tasks = m * cnt, h = lane / 16, l = lane % 16, hw = w + 7 * h;
+    // task = (block j, row t) = (task / m, task % m): m <= 16 and tasks <= 16 * 512 keep
+    // task * m under div_small's 2^22.
+    const float inv_m = 1.f / static_cast<float>(m);
     if (signal && w >= tasks) named_barrier_arrive(3, 256);
     for (uint32_t first = 0; first + w < tasks; first += HALVES * U) {
         // Steps u where this warp's first half has a task (the second half's are a subset).
@@ -745,23 +748,28 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
         for (int u = 0; u < U; ++u) {
             const uint32_t task = first + hw + HALVES * u;
             raw[u] = make_uint4(0, 0, 0, 0);
-            if (task < tasks)
-                raw[u] = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(task % m) * k +
-                                                          (task / m) * 128 + l * 8);
+            if (task < tasks) {
+                const DivSmall jt = div_small(task, m, inv_m);
+                raw[u] = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(jt.r) * k + jt.q * 128 + l * 8);
+            }
         }
         if (signal && first == 0) named_barrier_arrive(3, 256);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (static_cast<uint32_t>(u) >= steps) break;  // warp-uniform
-            const uint32_t task = first + hw + HALVES * u, t = task % m, j = task / m;
+            const uint32_t task = first + hw + HALVES * u;
             float v[8];
             const float amax = half_warp_block_amax(raw[u], v);
             if (task >= tasks) continue;
-            const float s = pow2_scale(amax);
+            const DivSmall jt = div_small(task, m, inv_m);
+            const uint32_t t = jt.r, j = jt.q;
+            const float s = pow2_scale(amax), inv = pow2_recip(s);
             uint32_t q[2] = {0, 0};
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-                q[i / 4] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] * __frcp_rn(s), __NV_SATFINITE, __NV_E4M3)) << (8 * (i % 4));
+            for (int i = 0; i < 8; i += 2)
+                q[i / 4] |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v[i] * inv, v[i + 1] * inv),
+                                                                            __NV_SATFINITE, __NV_E4M3))
+                            << (8 * (i % 4));
             const uint32_t chunk = (l / 2) ^ (t & 7);
             *reinterpret_cast<uint2*>(xs + j * N * 128 + t * 128 + chunk * 16 + (l % 2) * 8) = make_uint2(q[0], q[1]);
             if (l == 0) sxs[j * N + t] = s;
@@ -1138,6 +1146,9 @@ __device__ __forceinline__ void f4d_round_x(const __nv_bfloat16* __restrict__ x,
                                             float* sxs, uint32_t warp, uint32_t lane, bool signal) {
     constexpr int U = 8, HALVES = 8;
     const uint32_t kc = k / 128, tasks = m * kc, h = lane / 16, l = lane % 16, hw = warp + 4 * h;
+    // task = (row t, block j) = (task / kc, task % kc): m <= 16 and kc <= 512 keep task * kc under
+    // div_small's 2^22.
+    const float inv_kc = 1.f / static_cast<float>(kc);
     if (signal && warp >= tasks) named_barrier_arrive(2, 160);
     for (uint32_t first = 0; first + warp < tasks; first += HALVES * U) {
         // Steps u where this warp's first half has a task (the second half's are a subset).
@@ -1148,20 +1159,23 @@ __device__ __forceinline__ void f4d_round_x(const __nv_bfloat16* __restrict__ x,
             const uint32_t task = first + hw + HALVES * u;
             raw[u] = make_uint4(0, 0, 0, 0);
             if (task < tasks) {
-                const uint32_t r = row0 + task / kc;
+                const DivSmall tj = div_small(task, kc, inv_kc);
+                const uint32_t r = row0 + tj.q;
                 const uint32_t src = gather ? static_cast<uint32_t>(__ldg(gather + r)) / gather_div : r;
-                raw[u] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(src) * k + (task % kc) * 128 + l * 8));
+                raw[u] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(src) * k + tj.r * 128 + l * 8));
             }
         }
         if (signal && first == 0) named_barrier_arrive(2, 160);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (static_cast<uint32_t>(u) >= steps) break;  // warp-uniform
-            const uint32_t task = first + hw + HALVES * u, t = task / kc, j = task % kc;
+            const uint32_t task = first + hw + HALVES * u;
             float v[8];
             const float amax = half_warp_block_amax(raw[u], v);
             if (task >= tasks) continue;
-            const float s = pow2_scale(amax), inv = __frcp_rn(s);  // exact: s is a power of two
+            const DivSmall tj = div_small(task, kc, inv_kc);
+            const uint32_t t = tj.q, j = tj.r;
+            const float s = pow2_scale(amax), inv = pow2_recip(s);
             // Lane l holds k = 128 j + 8 l + i: group l / 4, element 8 (l % 4) + i; the evens go to
             // slots 4 (l % 4).. of the group, the odds to 16 + 4 (l % 4)...
             uint32_t ev = 0, od = 0;

@@ -19,17 +19,38 @@ __device__ __forceinline__ float e2m1(uint32_t c) {
     return __uint_as_float(bits | (s << 31));
 }
 
-// The power-of-two scale 2^ceil(log2(amax / 448)), computed exactly (frexp, no log2 rounding).
-__device__ __forceinline__ float pow2_scale(float amax) {
-    int e;
-    const float f = frexpf(fmaxf(amax, 1e-4f) / 448.f, &e);
-    return ldexpf(1.f, f == 0.5f ? e - 1 : e);
+// 2^ceil(log2(q)) for a normal positive q, exactly, from its bits: the exponent, plus one unless
+// the mantissa is zero (frexp and ldexp cost ~40 instructions a call on sm_90 for the same value).
+// `quant::pow2_ceil_bits`, `pow2_recip_bits` and `div_small` (crates/kernels-ffi) are these bit
+// operations, with tests of each against its exact definition.
+__device__ __forceinline__ float pow2_ceil(float q) {
+    const uint32_t b = __float_as_uint(q);
+    return __uint_as_float(((b >> 23) + ((b & 0x7fffffu) != 0u ? 1u : 0u)) << 23);
+}
+
+// The power-of-two scale 2^ceil(log2(amax / 448)), computed exactly (no log2 rounding). amax
+// >= 1e-4 keeps the quotient normal; an infinite amax gives an infinite scale, as on the CPU.
+__device__ __forceinline__ float pow2_scale(float amax) { return pow2_ceil(fmaxf(amax, 1e-4f) / 448.f); }
+
+// 1 / s for a power of two s with 2^-125 <= s <= 2^126 (every finite pow2_scale), exactly, from
+// its bits (254 - the biased exponent) instead of the reciprocal's correctly rounded sequence.
+__device__ __forceinline__ float pow2_recip(float s) { return __uint_as_float((254u << 23) - __float_as_uint(s)); }
+
+// a / d and a % d for a * d < 2^22 (so the float quotient of a + 0.5 is off by less than 1 / (2 d)
+// and truncates to the integer one), inv = 1.f / d: a few instructions where the integer division
+// by a runtime divisor takes ~20.
+struct DivSmall {
+    uint32_t q, r;
+};
+__device__ __forceinline__ DivSmall div_small(uint32_t a, uint32_t d, float inv) {
+    const uint32_t q = __float2uint_rz((static_cast<float>(a) + 0.5f) * inv);
+    return {q, a - q * d};
 }
 
 // v rounded to e4m3 at scale s and back (exact in bf16). s is a power of two (pow2_scale), so
-// v times the reciprocal is exactly v / s, without the division's instruction sequence.
+// v times its reciprocal is exactly v / s.
 __device__ __forceinline__ float fp8_round(float v, float s) {
-    const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v * __frcp_rn(s), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v * pow2_recip(s), __NV_SATFINITE, __NV_E4M3);
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))) * s;
 }
 

@@ -542,7 +542,19 @@ fn main() {
             results.push(probe_case(&s, what, wb + sb));
         }
     }
-    for m in [1u32, 4, 16] {
+    // DEEPINFER_GEMM_M (comma-separated, each 1..=16) replaces the decode rows' batch sizes 1, 4,
+    // 16 (how a kernel's time grows with m).
+    let decode_m: Vec<u32> = match std::env::var("DEEPINFER_GEMM_M") {
+        Ok(v) => v
+            .split(',')
+            .map(|t| match t.trim().parse() {
+                Ok(m @ 1..=16) => m,
+                _ => panic!("DEEPINFER_GEMM_M: {t:?} is not a batch size 1..=16"),
+            })
+            .collect(),
+        Err(_) => vec![1, 4, 16],
+    };
+    for &m in &decode_m {
         for (f, what, n, k) in shapes {
             if !wanted(&format!("gemm {what} m={m}")) {
                 continue;

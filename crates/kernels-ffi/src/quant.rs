@@ -84,6 +84,29 @@ pub fn fp4x8_to_e4m3_lo6(w: u32) -> [u32; 2] {
     [((w & 0x0707_0707) << 2) | ((w & 0x0808_0808) << 4), ((w >> 2) & 0x1C1C_1C1C) | (w & 0x8080_8080)]
 }
 
+/// 2^ceil(log2(q)) for a normal positive q from its bits, as the kernels compute their activation
+/// scales (`pow2_ceil` in kernels/cuda/lowp.cuh, the same bit operations): the biased exponent,
+/// plus one unless the mantissa is zero. Exact, where `log2` in f32 can round a quotient just above
+/// a power of two down onto it.
+pub fn pow2_ceil_bits(q: f32) -> f32 {
+    let b = q.to_bits();
+    f32::from_bits(((b >> 23) + u32::from(b & 0x7f_ffff != 0)) << 23)
+}
+
+/// 1 / s for a power of two s in 2^-125..=2^126 from its bits (`pow2_recip` in lowp.cuh): 254 less
+/// the biased exponent.
+pub fn pow2_recip_bits(s: f32) -> f32 {
+    f32::from_bits((254 << 23) - s.to_bits())
+}
+
+/// (a / d, a % d) through the float quotient of a + 1/2 (`div_small` in lowp.cuh), inv = 1 / d in
+/// f32. Exact for a * d < 2^22: the quotient is then off by less than 1 / (2 d), the distance of
+/// (a + 1/2) / d from the integers.
+pub fn div_small(a: u32, d: u32, inv: f32) -> (u32, u32) {
+    let q = ((a as f32 + 0.5) * inv) as u32;
+    (q, a - q * d)
+}
+
 /// Where element k of an x row goes in the shared-memory copy the Hopper grouped FP4 decode GEMM
 /// multiplies (`f4d_round_x` in gemm_sm90.cu): within each 32-wide group (one wgmma k step, one
 /// FP4 scale group), the even k first, then the odd ones: slot j holds k = 2 j for j < 16 and 2 (j - 16) + 1 after. That
@@ -445,6 +468,43 @@ mod tests {
             }
             let v = e4m3_to_f32(b);
             assert_eq!(e4m3_code(v), b, "{b:#04x} = {v}");
+        }
+    }
+
+    /// The kernels' scale by bits equals 2^ceil(log2 q) computed in f64 (where log2 of a float
+    /// that is not a power of two is never an integer) over every exponent, with the mantissas at
+    /// and next to the power of two and a spread between.
+    #[test]
+    fn pow2_ceil_bits_is_the_exact_ceiling() {
+        for e in 1u32..254 {
+            for m in [0u32, 1, 2, 3, 0x40_0000, 0x12_3457, 0x7f_fffe, 0x7f_ffff] {
+                let q = f32::from_bits((e << 23) | m);
+                let want = 2f64.powf((q as f64).log2().ceil());
+                let got = pow2_ceil_bits(q) as f64;
+                assert_eq!(got, want, "q = {q:e} ({:#x})", q.to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn pow2_recip_bits_is_the_reciprocal() {
+        for e in -125..=126 {
+            let s = 2f32.powi(e);
+            assert_eq!(pow2_recip_bits(s), 1.0 / s, "2^{e}");
+        }
+    }
+
+    /// div_small against integer division over its whole domain for the divisors the kernels use
+    /// (rows up to 16, k blocks up to 512), and at the domain's edge for larger divisors.
+    #[test]
+    fn div_small_is_integer_division_below_its_bound() {
+        for d in (1u32..=64).chain([127, 128, 255, 256, 511, 512, 4095]) {
+            let inv = 1.0 / d as f32;
+            let end = (1u32 << 22) / d;
+            let step = if d <= 16 { 1 } else { 7 };
+            for a in (0..end).step_by(step).chain(end.saturating_sub(64)..end) {
+                assert_eq!(div_small(a, d, inv), (a / d, a % d), "{a} / {d}");
+            }
         }
     }
 
