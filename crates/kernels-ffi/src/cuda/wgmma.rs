@@ -599,7 +599,8 @@ impl DecPlan {
 /// where those give at least 7/8 of the SMs one (wq_b's 256); narrower W (wo_b 32, w1 16, wq_a 8)
 /// with up to 8 tokens splits k so there are about two blocks an SM, each streaming at least
 /// `DEC_MIN_PER` tiles, and the last block of each row block adds the partials in split order
-/// inside the launch. Narrow W with 9-16 tokens keeps the mma.sync kernel (on the H200 at 16
+/// inside the launch. Narrow W with 9-16 tokens keeps the mma.sync kernel unless a `per` is forced
+/// ([`crate::ops::set_fp8_dec_per`]; on the H200 at 16
 /// tokens the split form took wq_a 14.3 against 12.3 us and shared_experts.w1 15.6 against 13.3;
 /// wo_b 21.1 against 22.3). Eight W
 /// tiles in flight when the blocks fit in one wave; when not, six for up to 8 tokens and four for
@@ -613,7 +614,7 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
     let tokens = super::launch::decode_cols(m);
     let (rb, nk) = (n.div_ceil(128), k / 128);
     let wide = 8 * rb >= 7 * sms;
-    if !wide && tokens == 16 {
+    if !wide && tokens == 16 && crate::ops::fp8_dec_per() == 0 {
         return None;
     }
     let per = match crate::ops::fp8_dec_per() {
