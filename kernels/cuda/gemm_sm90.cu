@@ -1304,6 +1304,26 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
         const uint32_t z = it / tiles;
         const int4 c = one_each ? c_first : chunk_at(z);
         const uint32_t row0 = static_cast<uint32_t>(c.y), m = static_cast<uint32_t>(c.z);
+        const uint32_t rg = (it % tiles) * 64 + 16 * warp + g;
+        const uint8_t* sg = sw + (static_cast<size_t>(c.x) * n + rg) * groups;
+        const uint8_t* sh = sg + 8 * static_cast<size_t>(groups);
+        // W's group scales are read a k-block pair ahead of their use (the words of pair kb / 2:
+        // rows rg and rg + 8, k blocks kb and kb + 1), and the item's scale rows are brought into L2
+        // first (the quad's lanes take alternate 32-byte sectors), so the loop's reads do not wait
+        // on memory: read where they were used, each fourth pair's missed its L1 sector and stalled
+        // the block's ring for a memory latency.
+        for (uint32_t b = 32 * q; b < groups; b += 128) {
+            prefetch_l2(sg + b);
+            prefetch_l2(sh + b);
+        }
+        auto scales_at = [&](uint32_t kb) {
+            const bool two = kb + 1 < kc;
+            return make_uint4(__ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb)),
+                              __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb)),
+                              two ? __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4)) : 0u,
+                              two ? __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4)) : 0u);
+        };
+        uint4 sc_next = scales_at(0);
         if (z != rounded && !(single_ready && m == 1)) {
             named_barrier(1, 128);  // every warp is done with the previous chunk's x and scales
             f4d_round_x<N>(x, gather, gather_div, row0, m, k, xs, sxs, warp, lane,
@@ -1313,9 +1333,6 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
             rounded = z;
         }
         if (it == i0 && split_issue) fetch(0);  // the first slot's words, after x's loads went out
-        const uint32_t rg = (it % tiles) * 64 + 16 * warp + g;
-        const uint8_t* sg = sw + (static_cast<size_t>(c.x) * n + rg) * groups;
-        const uint8_t* sh = sg + 8 * static_cast<size_t>(groups);
         float acc[N / 2];
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
@@ -1363,11 +1380,10 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
             }
         };
         for (uint32_t kb = 0; kb < kc; kb += 2, ++j) {
-            const uint32_t sg0 = __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb));
-            const uint32_t sh0 = __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb));
+            const uint4 sc = sc_next;
+            if (kb + 2 < kc) sc_next = scales_at(kb + 2);
+            const uint32_t sg0 = sc.x, sh0 = sc.y, sg1 = sc.z, sh1 = sc.w;
             const bool two = kb + 1 < kc;
-            const uint32_t sg1 = two ? __ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb + 4)) : 0u;
-            const uint32_t sh1 = two ? __ldg(reinterpret_cast<const uint32_t*>(sh + 4 * kb + 4)) : 0u;
             const uint32_t xd = x_lo0 + kb * (N * 128 / 16);
             widen(0, fa);
             if (two) widen(1, fb);
