@@ -1207,9 +1207,7 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
                                              const int32_t* __restrict__ gather, uint32_t gather_div,
                                              const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                              const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks,
-                                             uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre, uint32_t flags,
-                                             const uint8_t* __restrict__ pf_w, const uint8_t* __restrict__ pf_s,
-                                             uint32_t pf_w_tile, uint32_t pf_s_tile) {
+                                             uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre, uint32_t flags) {
     extern __shared__ uint8_t f4d_smem_raw[];
     pdl_trigger(pdl);
     const uint32_t tiles = n / 64, kc = k / 128, groups = k / 32, pairs = (kc + 1) / 2;
@@ -1243,35 +1241,19 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
     const bool split_issue = pre < total && i1 - i0 <= 2;
 
     if (warp == 4) {
-        // With the next GEMM's weights to prefetch (pf_w), W streams with the evict-first policy,
-        // so L2 keeps the prefetched lines rather than these.
-        const uint64_t policy = pf_w ? l2_evict_first() : 0;
         // Slot j of the block's run: item i0 + j / pairs, k blocks 2 (j % pairs) and + 1.
         auto issue_slots = [&](uint32_t from, uint32_t to) {
             int32_t wrow = 0;
-            uint32_t e = 0;
             for (uint32_t j = from; j < to; ++j) {
                 const uint32_t it = i0 + j / pairs, p = j % pairs;
                 if (j == from || p == 0) {
                     const int4 c = one_each ? c_first : chunk_at(it / tiles);
-                    e = static_cast<uint32_t>(c.x);
-                    wrow = static_cast<int32_t>(e * n + (it % tiles) * 64);
+                    wrow = static_cast<int32_t>(static_cast<uint32_t>(c.x) * n + (it % tiles) * 64);
                 }
                 const uint32_t s = j % F4D_STAGES;
                 mbar_wait(&empty[s], ((j / F4D_STAGES) & 1) ^ 1);
                 mbar_arrive_expect_tx(&full[s], F4D_W);
-                if (pf_w) {
-                    tma_load_2d_hint(ring + s * F4D_W, &map_w, static_cast<int32_t>(p * 128), wrow, &full[s], policy);
-                } else {
-                    tma_load_2d(ring + s * F4D_W, &map_w, static_cast<int32_t>(p * 128), wrow, &full[s]);
-                }
-                // The item's last slot is out: its share of the next GEMM's weights for the same
-                // expert (tile t of expert e: bytes (e tiles + t) pf_w_tile on) goes into L2 behind it.
-                if (pf_w && p + 1 == pairs) {
-                    const size_t piece = static_cast<size_t>(e) * tiles + it % tiles;
-                    bulk_prefetch_l2(pf_w + piece * pf_w_tile, pf_w_tile);
-                    if (pf_s_tile) bulk_prefetch_l2(pf_s + piece * pf_s_tile, pf_s_tile);
-                }
+                tma_load_2d(ring + s * F4D_W, &map_w, static_cast<int32_t>(p * 128), wrow, &full[s]);
             }
         };
         if (lane == 0) issue_slots(0, split_issue ? pre : total);
@@ -1433,9 +1415,8 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 }
 
 }  // namespace
-#define DI_FP4Q_WG_BODY(N)                                                                                  \
-    fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k, pdl, pre, flags, pf_w, pf_s, \
-                    pf_w_tile, pf_s_tile)
+#define DI_FP4Q_WG_BODY(N) \
+    fp4q_wg_body<N>(map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n, k, pdl, pre, flags)
 #else
 #define DI_FP4Q_WG_BODY(N) __trap()
 #endif
@@ -1450,18 +1431,13 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
 // item the chunks' buffer can hold (block b takes item b); bit 1, x has one row, which every
 // dispatch row reads (a one-token batch); bit 2, the chunks are settled: the grid that wrote them
 // completed before the grid before this one started (a grouped GEMM over the same dispatch came
-// between), so they are read, and W issued, before the wait for that grid. pf_w (null: none): the
-// next GEMM's weights over the same experts, which the blocks bring into L2 while this one runs
-// (the down projection's after gate/up at one token): once an item's W slots are issued, its
-// piece of them, pf_w_tile bytes at pf_w + (expert (n / 64) + tile) pf_w_tile, and the scales'
-// likewise from pf_s (pf_s_tile bytes, 0: none); both multiples of 16, 16-byte aligned.
+// between), so they are read, and W issued, before the wait for that grid.
 #define DI_GEMM_FP4Q_WG(N, MINB)                                                                                \
     extern "C" __global__ void __launch_bounds__(160, MINB) di_gemm_fp4q_wg_n##N(                              \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x,                           \
         const int32_t* __restrict__ gather, uint32_t gather_div, const uint8_t* __restrict__ sw,               \
         __nv_bfloat16* __restrict__ y, const int4* __restrict__ chunks, const int32_t* __restrict__ num_chunks, \
-        uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre, uint32_t flags, const uint8_t* __restrict__ pf_w,   \
-        const uint8_t* __restrict__ pf_s, uint32_t pf_w_tile, uint32_t pf_s_tile) {                            \
+        uint32_t n, uint32_t k, uint32_t pdl, uint32_t pre, uint32_t flags) {                                  \
         DI_FP4Q_WG_BODY(N);                                                                                    \
     }
 DI_GEMM_FP4Q_WG(8, 3)

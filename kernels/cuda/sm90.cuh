@@ -96,28 +96,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const DiTmaMap* map, int3
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
         : "memory");
 }
-// tma_load_2d with an L2 cache policy (l2_evict_first): for bytes read once, which L2 should give
-// up before other lines.
-__device__ __forceinline__ void tma_load_2d_hint(void* dst, const DiTmaMap* map, int32_t c0, int32_t c1, uint64_t* bar,
-                                                 uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-        "%3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "l"(policy)
-        : "memory");
-}
-// An L2 cache policy that evicts the lines it covers before others (createpolicy).
-__device__ __forceinline__ uint64_t l2_evict_first() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-// `bytes` (a multiple of 16) of global memory from p (16-byte aligned) into L2, in the background
-// (no completion to wait for; the values are unchanged).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(bytes)
-                 : "memory");
-}
 
 // The same for a 3-D map (coordinates innermost first); parts past the tensor fill zeros.
 __device__ __forceinline__ void tma_load_3d(void* dst, const DiTmaMap* map, int32_t c0, int32_t c1, int32_t c2,

@@ -409,7 +409,7 @@ pub fn gemm_grouped(
     k: u32,
     quantize: bool,
 ) -> Result<()> {
-    grouped(stream, format, x, d, w, scale, y, n, k, quantize, false, None)
+    grouped(stream, format, x, d, w, scale, y, n, k, quantize, false)
 }
 
 /// [`gemm_grouped`] over a settled dispatch: `d`'s buffers were complete before the kernel queued
@@ -431,41 +431,7 @@ pub fn gemm_grouped_settled(
     k: u32,
     quantize: bool,
 ) -> Result<()> {
-    grouped(stream, format, x, d, w, scale, y, n, k, quantize, true, None)
-}
-
-/// The next grouped GEMM over the same dispatch, as [`gemm_grouped`] takes its weights: the
-/// experts' [n, k] matrices back to back in `format`, and their scales.
-#[derive(Clone, Copy)]
-pub struct GroupedNext<'a> {
-    pub format: WeightFormat,
-    pub w: &'a DeviceBuffer<u8>,
-    pub scale: &'a DeviceBuffer<u8>,
-    pub n: u32,
-    pub k: u32,
-}
-
-/// [`gemm_grouped`], bringing `next`'s weights for the experts `d` routes to into L2 while it runs,
-/// so the next GEMM (the down projection after gate/up) reads them from there: where the Hopper
-/// FP4 decode kernel runs and those experts' next weights fit in a share of L2 (a one-token batch
-/// of V4-Flash: six experts' down weights, 25.5 MiB). Its blocks then stream their own weights
-/// with the evict-first policy and, once an item's weights are issued, prefetch the item's share
-/// of its expert's next weights. Elsewhere the same as [`gemm_grouped`]; the same bits either way.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_grouped_prefetching(
-    stream: &Stream,
-    format: WeightFormat,
-    x: GroupedInput<'_>,
-    d: &MoeDispatch,
-    w: &DeviceBuffer<u8>,
-    scale: &DeviceBuffer<u8>,
-    y: &mut DeviceBuffer<bf16>,
-    n: u32,
-    k: u32,
-    quantize: bool,
-    next: GroupedNext<'_>,
-) -> Result<()> {
-    grouped(stream, format, x, d, w, scale, y, n, k, quantize, false, Some(next))
+    grouped(stream, format, x, d, w, scale, y, n, k, quantize, true)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -481,7 +447,6 @@ fn grouped(
     k: u32,
     quantize: bool,
     settled: bool,
-    next: Option<GroupedNext<'_>>,
 ) -> Result<()> {
     const OP: &str = "gemm_grouped";
     if n == 0 || k == 0 || !k.is_multiple_of(128) {
@@ -502,20 +467,6 @@ fn grouped(
     stream.check_on(OP, "scale", scale)?;
     stream.check_on(OP, "y", y)?;
     stream.check_on(OP, "dispatch", &d.row_pair)?;
-    let next_strides = match next {
-        Some(nx) => {
-            if nx.n == 0 || nx.k == 0 {
-                return Err(FfiError::shape(OP, "next", format!("n {} and k {} must be positive", nx.n, nx.k)));
-            }
-            let (nwb, nsb) = nx.format.bytes(nx.n as usize, nx.k as usize);
-            check_len(OP, "next.w", nx.w, e * nwb)?;
-            check_len(OP, "next.scale", nx.scale, e * nsb)?;
-            stream.check_on(OP, "next.w", nx.w)?;
-            stream.check_on(OP, "next.scale", nx.scale)?;
-            Some((nwb as u64, nsb as u64))
-        }
-        None => None,
-    };
     if pairs == 0 {
         return Ok(());
     }
@@ -525,20 +476,12 @@ fn grouped(
             GroupedInput::Tokens(_) => Some((d.row_pair.host(), d.shape.top_k as usize)),
             GroupedInput::Rows(_) => None,
         };
-        let _ = (settled, next_strides);
+        let _ = settled;
         host::gemm_grouped(format, xb.host(), gather, d.offsets.host(), w.host(), scale.host(), y.host_mut(), &p);
         return Ok(());
     }
     #[cfg(feature = "cuda")]
-    return {
-        let prefetch = next.zip(next_strides).map(|(nx, (w_stride, s_stride))| crate::cuda::launch::GroupedPrefetch {
-            w: nx.w,
-            scale: nx.scale,
-            w_stride,
-            s_stride,
-        });
-        crate::cuda::moe::gemm_grouped(stream, format, x, d, w, scale, y, &p, settled, prefetch)
-    };
+    return crate::cuda::moe::gemm_grouped(stream, format, x, d, w, scale, y, &p, settled);
     #[cfg(not(feature = "cuda"))]
     unreachable!("without the CUDA backend every stream is a CPU stream")
 }
@@ -732,58 +675,6 @@ mod tests {
         let mut wide = s.zeros::<bf16>(4 * 2 * 64).unwrap();
         let err = swiglu(&s, &h, &mut wide, None, 4, 64, 7.0, false).unwrap_err();
         assert!(err.to_string().contains("`gu`"), "a [rows, inter] input is too short: {err}");
-    }
-
-    #[test]
-    fn prefetching_gemm_checks_next_and_computes_the_same() {
-        let s = Device::cpu().default_stream();
-        let shape = MoeShape { tokens: 3, experts: 4, top_k: 2 };
-        let logits = s.upload(&[0.5f32; 12]).unwrap();
-        let table = s.upload(&[0i32, 1, 2, 3, 3, 1]).unwrap();
-        let tokens = s.upload(&[1i32, 0, 2]).unwrap();
-        let mut r = Routed::new(&s, shape).unwrap();
-        route(&s, &logits, &RouteBy::Hash { tid2eid: &table, token_ids: &tokens, vocab: 3 }, 1.0, shape, &mut r)
-            .unwrap();
-        let mut d = MoeDispatch::new(&s, shape).unwrap();
-        dispatch(&s, &r.ids, &mut d).unwrap();
-        let f = WeightFormat::Fp4Row32;
-        let (n, k) = (64u32, 128u32);
-        let (wb, sb) = f.bytes(n as usize, k as usize);
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut bytes = |len: usize, mask: u8| {
-            (0..len)
-                .map(|_| {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    // Scales near 2^0 (ue8m0 127), codes anywhere.
-                    (rng as u8 & mask) + if mask == 3 { 125 } else { 0 }
-                })
-                .collect::<Vec<u8>>()
-        };
-        let w = s.upload(&bytes(4 * wb, 0xff)).unwrap();
-        let sc = s.upload(&bytes(4 * sb, 3)).unwrap();
-        let xs: Vec<bf16> = (0..3 * k).map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 25.0)).collect();
-        let x = s.upload(&xs).unwrap();
-        let (nw, ns) = (s.upload(&bytes(4 * wb, 0xff)).unwrap(), s.upload(&bytes(4 * sb, 3)).unwrap());
-        let next = GroupedNext { format: f, w: &nw, scale: &ns, n, k };
-        let mut y0 = s.zeros::<bf16>(6 * n as usize).unwrap();
-        let mut y1 = s.zeros::<bf16>(6 * n as usize).unwrap();
-        gemm_grouped(&s, f, GroupedInput::Tokens(&x), &d, &w, &sc, &mut y0, n, k, true).unwrap();
-        gemm_grouped_prefetching(&s, f, GroupedInput::Tokens(&x), &d, &w, &sc, &mut y1, n, k, true, next).unwrap();
-        let got = s.download(&y1).unwrap();
-        assert_eq!(got, s.download(&y0).unwrap());
-        assert!(got.iter().any(|v| v.to_f32() != 0.0), "the product is not all zeros");
-        // The next GEMM's buffers must hold every expert's weights; its shape must be positive.
-        let (short_w, short_s) = (s.zeros::<u8>(3 * wb).unwrap(), s.zeros::<u8>(3 * sb).unwrap());
-        let bad = |next: GroupedNext<'_>, y: &mut DeviceBuffer<bf16>| {
-            gemm_grouped_prefetching(&s, f, GroupedInput::Tokens(&x), &d, &w, &sc, y, n, k, true, next)
-                .unwrap_err()
-                .to_string()
-        };
-        assert!(bad(GroupedNext { w: &short_w, ..next }, &mut y1).contains("`next.w`"));
-        assert!(bad(GroupedNext { scale: &short_s, ..next }, &mut y1).contains("`next.scale`"));
-        assert!(bad(GroupedNext { k: 0, ..next }, &mut y1).contains("`next`"));
     }
 
     #[test]

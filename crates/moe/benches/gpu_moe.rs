@@ -18,8 +18,7 @@ use deepinfer_kernels_ffi::testing::{cuda_device_or_skip, SplitMix};
 use deepinfer_kernels_ffi::GemmParams;
 use deepinfer_kernels_ffi::{DeviceBuffer, Stream};
 use deepinfer_moe::layer::{
-    forward, set_prefetch_down, set_settled_down, set_shared_expert_overlap, ExpertWeights, MoeWeights, MoeWorkspace,
-    RandomMoe,
+    forward, set_settled_down, set_shared_expert_overlap, ExpertWeights, MoeWeights, MoeWorkspace, RandomMoe,
 };
 use half::bf16;
 
@@ -138,14 +137,6 @@ fn case(
     set_settled_down(true);
     let ms_settled = layer_ms(&mut ws, &mut out);
     set_settled_down(false);
-    // The routed gate/up GEMM bringing the down weights into L2 while it runs (where the kernel
-    // and L2 allow: one token), alone and with the settled down GEMM.
-    set_prefetch_down(true);
-    let ms_prefetch = layer_ms(&mut ws, &mut out);
-    set_settled_down(true);
-    let ms_prefetch_settled = layer_ms(&mut ws, &mut out);
-    set_settled_down(false);
-    set_prefetch_down(false);
     let ms = layer_ms(&mut ws, &mut out);
     // Decode batches as one CUDA graph a forward (the same inputs, a graph each, on a stream of
     // the bench's own: CUDA cannot capture the legacy default stream): what the forward's host
@@ -192,19 +183,6 @@ fn case(
             let f = if settled { mops::gemm_grouped_settled } else { mops::gemm_grouped };
             f(st, r.format, GroupedInput::Rows(h), dsp, &r.w2.0, &r.w2.1, y, w.dim, w.inter, dsp.tile <= 16)
         };
-    // Gate/up bringing the down weights of the experts it runs into L2 (`prefetch`), or not.
-    let gate_up_pf_on = |prefetch: bool,
-                         st: &Stream,
-                         x: &DeviceBuffer<bf16>,
-                         dsp: &mops::MoeDispatch,
-                         gu: &mut DeviceBuffer<bf16>| {
-        if !prefetch {
-            return gate_up_on(st, x, dsp, gu);
-        }
-        let next = mops::GroupedNext { format: r.format, w: &r.w2.0, scale: &r.w2.1, n: w.dim, k: w.inter };
-        let xin = GroupedInput::Tokens(x);
-        mops::gemm_grouped_prefetching(st, r.format, xin, dsp, &r.w13.0, &r.w13.1, gu, 2 * w.inter, w.dim, true, next)
-    };
     let gate_up_gemm = |x: &DeviceBuffer<bf16>, dsp: &mops::MoeDispatch, gu: &mut DeviceBuffer<bf16>| {
         gate_up_on(s, x, dsp, gu).unwrap()
     };
@@ -441,41 +419,6 @@ fn case(
                     serde_json::json!({"ms": t, "achieved_over_byte_floor": f, "graph_ms": tg, "graph_achieved_over_byte_floor": fg}),
                 );
             }
-            // Gate/up then down on the same routing, pair after pair as the layer runs them (without
-            // the SwiGLU between), against the three matrices' bytes: plain, and with gate/up
-            // bringing the down weights into L2 (its own weights evict-first), so down reads them
-            // from there; GPU-queued and as graphs of a pair an input.
-            if !earlier {
-                for prefetch in [false, true] {
-                    let t = batched_ms(s, batch, || {
-                        q = (q + 1) % dsps.len();
-                        gate_up_pf_on(prefetch, s, &xs[q], &dsps[q], &mut ws.gu).unwrap();
-                        down_on(false, s, &ws.h, &dsps[q], &mut ws.y).unwrap()
-                    });
-                    s.synchronize().unwrap();
-                    let gs = s.device().new_stream().unwrap();
-                    gate_up_pf_on(prefetch, &gs, &xs[0], &dsps[0], &mut ws.gu).unwrap();
-                    down_on(false, &gs, &ws.h, &dsps[0], &mut ws.y).unwrap();
-                    let pairs_graph = gs
-                        .capture(|g| {
-                            xs.iter().zip(&dsps).try_for_each(|(x, dsp)| {
-                                gate_up_pf_on(prefetch, g, x, dsp, &mut ws.gu)?;
-                                down_on(false, g, &ws.h, dsp, &mut ws.y)
-                            })
-                        })
-                        .unwrap();
-                    let tg = batched_ms(&gs, 1, || pairs_graph.launch().unwrap()) / dsps.len() as f64;
-                    let (f, fg) = (of_floor(3.0, t), of_floor(3.0, tg));
-                    let name = if prefetch { "routed_gate_up_then_down_prefetch" } else { "routed_gate_up_then_down" };
-                    println!(
-                        "  {name:<34} GPU-queued {t:.4} ms  achieved/byte floor {f:.3}; graph {tg:.4} ms, {fg:.3}"
-                    );
-                    queued.insert(
-                        name.into(),
-                        serde_json::json!({"ms": t, "achieved_over_byte_floor": f, "graph_ms": tg, "graph_achieved_over_byte_floor": fg}),
-                    );
-                }
-            }
             // The W slots a block issues before its first x loads (the rest after them), forced.
             if !earlier {
                 for pre in [1u32, 2, 3, 5, u32::MAX] {
@@ -520,9 +463,6 @@ fn case(
         "  layer with the down GEMM over a settled dispatch: {ms_settled:.4} ms; the routed SwiGLU and down GEMM plain (default): {ms:.4} ms ({:.2}x)",
         ms / ms_settled
     );
-    println!(
-        "  layer with gate/up prefetching the down weights into L2: {ms_prefetch:.4} ms; with the settled down GEMM too: {ms_prefetch_settled:.4} ms; neither (default): {ms:.4} ms"
-    );
     if let Some(gm) = ms_graph {
         println!("  layer as one CUDA graph a forward: {gm:.4} ms (direct launches {ms:.4} ms, {:.2}x)", ms / gm);
     }
@@ -549,7 +489,7 @@ fn case(
     );
     serde_json::json!({"op": "moe_layer", "tokens": tokens, "experts": e, "top_k": k, "dim": d, "inter": i,
         "routed_format": format!("{:?}", w.routed.format), "shared_format": "Fp8Block128", "experts_touched": active,
-        "weight_bytes": bytes, "flops": flops, "median_ms": ms, "median_ms_settled_down": ms_settled, "median_ms_prefetch_down": ms_prefetch, "median_ms_prefetch_and_settled_down": ms_prefetch_settled, "byte_floor_ms": byte_ms, "flop_floor_ms": flop_ms,
+        "weight_bytes": bytes, "flops": flops, "median_ms": ms, "median_ms_settled_down": ms_settled, "byte_floor_ms": byte_ms, "flop_floor_ms": flop_ms,
         "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12,
         "inputs_rotated": inputs, "forwards_per_batch": batch, "stages_ms": stages,
         "routed_gemm_stage_achieved_over_byte_floor": gemm_floor, "routed_gemm_gpu_queued": queued,

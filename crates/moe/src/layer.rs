@@ -161,21 +161,6 @@ pub fn settled_down() -> bool {
     SETTLED_DOWN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-static PREFETCH_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether [`forward`]'s routed gate/up GEMM brings the down weights of the experts it runs into
-/// L2 while it streams its own ([`ops::gemm_grouped_prefetching`]: where the Hopper FP4 decode
-/// kernel runs and they fit, a one-token batch of V4-Flash), so the down GEMM reads them from L2:
-/// a process-wide switch for A/B benchmarks, off until measured on a GPU; the same bits either way.
-pub fn set_prefetch_down(on: bool) {
-    PREFETCH_DOWN.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The switch [`set_prefetch_down`] sets.
-pub fn prefetch_down() -> bool {
-    PREFETCH_DOWN.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// Tokens from which the shared expert's gate/up GEMM takes x quantised by a separate pass
 /// (`quantize_act_fp8`, then `gemm_fp8_act`) instead of quantising it itself: batches the FP8
 /// prefill kernels run on (more than 32 rows), which would otherwise redo it per column block.
@@ -290,24 +275,7 @@ fn routed_experts(
     let r = &w.routed;
     let pairs = shape.pairs() as u32;
     let xin = GroupedInput::Tokens(x);
-    if prefetch_down() {
-        let next = ops::GroupedNext { format: r.format, w: &r.w2.0, scale: &r.w2.1, n: d, k: i };
-        ops::gemm_grouped_prefetching(
-            stream,
-            r.format,
-            xin,
-            &ws.dispatch,
-            &r.w13.0,
-            &r.w13.1,
-            &mut ws.gu,
-            2 * i,
-            d,
-            true,
-            next,
-        )?;
-    } else {
-        ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w13.0, &r.w13.1, &mut ws.gu, 2 * i, d, true)?;
-    }
+    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w13.0, &r.w13.1, &mut ws.gu, 2 * i, d, true)?;
     let weights = Some((&ws.routed, &ws.dispatch));
     // The dispatch was complete before the gate/up GEMM began (the routing kernels before it are
     // plain launches), so after it the dispatch is settled for the down GEMM.

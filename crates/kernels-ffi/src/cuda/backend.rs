@@ -26,8 +26,6 @@ pub struct CudaBackend {
     capability: (i32, i32),
     /// Streaming multiprocessors: the grid of persistent kernels.
     sm_count: u32,
-    /// The L2 cache's bytes (what a kernel may prefetch for the next one).
-    l2_bytes: u64,
     /// The split decode GEMM's scratch per stream, made on first use and grown on demand.
     split_scratch: Mutex<Vec<(Arc<CudaStream>, SplitScratch)>>,
     /// The router GEMM's k-split partials per stream (`take_router_scratch`), kept between calls
@@ -96,7 +94,6 @@ impl CudaBackend {
         let capability = ctx.compute_capability()?;
         let sm_count =
             ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let l2_bytes = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
         Ok(Arc::new(CudaBackend {
             ctx,
             stream,
@@ -107,7 +104,6 @@ impl CudaBackend {
             blas_lt: Mutex::new(Vec::new()),
             capability,
             sm_count: sm_count.max(1) as u32,
-            l2_bytes: l2_bytes.max(0) as u64,
             split_scratch: Mutex::new(Vec::new()),
             router_scratch: Mutex::new(Vec::new()),
             waited: Mutex::new(std::collections::HashSet::new()),
@@ -125,11 +121,6 @@ impl CudaBackend {
 
     pub fn sm_count(&self) -> u32 {
         self.sm_count
-    }
-
-    /// The L2 cache's size in bytes.
-    pub fn l2_bytes(&self) -> u64 {
-        self.l2_bytes
     }
 
     /// The SM count on a Hopper (sm_90), where the wgmma kernels apply; `None` elsewhere.

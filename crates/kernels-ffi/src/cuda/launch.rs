@@ -607,20 +607,7 @@ pub(crate) enum TcJobs<'a> {
         w_stride: u64,
         s_stride: u64,
         settled: bool,
-        /// The next grouped GEMM's weights over the same dispatch, to bring into L2 while this
-        /// one runs ([`crate::moe::gemm_grouped_prefetching`]; only the Hopper FP4 decode kernel
-        /// does).
-        prefetch: Option<GroupedPrefetch<'a>>,
     },
-}
-
-/// Experts' weights and scales `w_stride` / `s_stride` bytes apart (one grouped GEMM's operands).
-#[derive(Clone, Copy)]
-pub(crate) struct GroupedPrefetch<'a> {
-    pub w: &'a DeviceBuffer<u8>,
-    pub scale: &'a DeviceBuffer<u8>,
-    pub w_stride: u64,
-    pub s_stride: u64,
 }
 
 /// How [`rows_fp8`] lays out the copied rows.

@@ -399,7 +399,6 @@ pub(crate) fn gemm_grouped(
     y: &mut DeviceBuffer<bf16>,
     p: &GemmParams,
     settled: bool,
-    prefetch: Option<super::launch::GroupedPrefetch<'_>>,
 ) -> Result<()> {
     let (wb, sb) = format.bytes(p.n as usize, p.k as usize);
     let (xb, gather) = match x {
@@ -415,7 +414,6 @@ pub(crate) fn gemm_grouped(
         w_stride: wb as u64,
         s_stride: sb as u64,
         settled,
-        prefetch,
     };
     gemm_tc_launch(stream, format, xb, gather, w, scale, y, p, jobs)
 }

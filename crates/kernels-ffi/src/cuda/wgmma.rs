@@ -359,34 +359,6 @@ pub(crate) fn fp4q_wg_flags(grid: u32, items: u64, rows: u32, gather_div: Option
     one_each as u32 | (x_single as u32) << 1 | (settled as u32) << 2
 }
 
-/// The most of the L2 cache the next GEMM's weights a grouped FP4 decode GEMM prefetches may fill:
-/// the rest holds what streams meanwhile (this GEMM's own weights go evict-first) and the
-/// activations.
-const FP4_DEC_PREFETCH_L2_SHARE: (u64, u64) = (5, 8);
-
-/// The bytes each item of `di_gemm_fp4q_wg_n*` over n = 64 `tiles` rows prefetches of the next
-/// GEMM's weights and scales (experts `w_stride` / `s_stride` bytes apart: an item takes its
-/// 1 / tiles of its expert's): `None`, no prefetch, unless both split into whole 16-byte pieces
-/// and `active` experts' worth (the most a dispatch's chunks name) fits in its share of `l2` bytes
-/// (`FP4_DEC_PREFETCH_L2_SHARE`): at one token of V4-Flash, the six experts' down weights
-/// (25.5 MiB) while gate/up runs; at two tokens they would not fit in the H200's 50 MiB.
-pub(crate) fn fp4q_wg_prefetch_tiles(
-    tiles: u32,
-    w_stride: u64,
-    s_stride: u64,
-    active: u32,
-    l2: u64,
-) -> Option<(u32, u32)> {
-    let piece = |stride: u64| {
-        (tiles > 0 && stride.is_multiple_of(tiles as u64))
-            .then(|| stride / tiles as u64)
-            .filter(|b| b.is_multiple_of(16) && *b <= u32::MAX as u64)
-    };
-    let (w, s) = (piece(w_stride)?, piece(s_stride)?);
-    let fits = active as u64 * (w_stride + s_stride) * FP4_DEC_PREFETCH_L2_SHARE.1 <= l2 * FP4_DEC_PREFETCH_L2_SHARE.0;
-    (w > 0 && fits).then_some((w as u32, s as u32))
-}
-
 /// W slots (8 KiB) a block of the grouped FP4 decode GEMM with one or two items (a one-token
 /// batch) issues before its first loads of x; the rest go out after them, so x does not queue
 /// behind every block's ring.
@@ -409,18 +381,7 @@ pub(crate) fn gemm_fp4q_wg_launch(
     p: &crate::params::GemmParams,
     jobs: &super::launch::TcJobs<'_>,
 ) -> Result<()> {
-    let super::launch::TcJobs::Grouped {
-        chunks,
-        num_chunks,
-        capacity,
-        tile,
-        active,
-        w_stride,
-        s_stride,
-        settled,
-        prefetch,
-        ..
-    } = jobs
+    let super::launch::TcJobs::Grouped { chunks, num_chunks, capacity, tile, w_stride, s_stride, settled, .. } = jobs
     else {
         return Err(crate::FfiError::shape("gemm_grouped", "jobs", "the FP4 decode wgmma kernel takes MoE chunks"));
     };
@@ -455,18 +416,7 @@ pub(crate) fn gemm_fp4q_wg_launch(
         0 => FP4_DEC_PRE_SLOTS,
         forced => forced,
     };
-    // The next GEMM's pieces (null pointers and 0: none).
-    let pf = prefetch.and_then(|next| {
-        let (wt, st) = fp4q_wg_prefetch_tiles(p.n / 64, next.w_stride, next.s_stride, *active, be.l2_bytes())?;
-        let (wp, wsync) = next.w.cuda().device_ptr(s);
-        let (sp, ssync) = next.scale.cuda().device_ptr(s);
-        (wp % 16 == 0 && sp % 16 == 0).then_some((wp, sp, wt, st, wsync, ssync))
-    });
-    let (mut pf_w, mut pf_s, mut pf_w_tile, mut pf_s_tile) = match &pf {
-        Some((wp, sp, wt, st, ..)) => (*wp, *sp, *wt, *st),
-        None => (0, 0, 0, 0),
-    };
-    let mut args: [*mut std::ffi::c_void; 17] = [
+    let mut args: [*mut std::ffi::c_void; 13] = [
         (&mut map_w as *mut TmaMap).cast(),
         (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
         (&mut g_ptr as *mut sys::CUdeviceptr).cast(),
@@ -480,18 +430,10 @@ pub(crate) fn gemm_fp4q_wg_launch(
         (&mut pdl_arg as *mut u32).cast(),
         (&mut pre as *mut u32).cast(),
         (&mut flags as *mut u32).cast(),
-        (&mut pf_w as *mut sys::CUdeviceptr).cast(),
-        (&mut pf_s as *mut sys::CUdeviceptr).cast(),
-        (&mut pf_w_tile as *mut u32).cast(),
-        (&mut pf_s_tile as *mut u32).cast(),
     ];
     // SAFETY: di_gemm_fp4q_wg_n* takes (map_w, x, gather, gather_div, sw, y, chunks, num_chunks, n,
-    // k, pdl, pre, flags, pf_w, pf_s, pf_w_tile, pf_s_tile), in this order and these types; the
-    // prefetched pieces lie inside the next GEMM's buffers (the op checked they hold every expert's
-    // w_stride / s_stride bytes; a chunk's expert and tile index one piece of tiles a stride, both
-    // 16-byte multiples at 16-byte aligned pointers), and a prefetch changes no value; map_w
-    // describes the experts' [experts * n, k / 2] FP4 bytes (alive until queued: its sync guard, as
-    // every buffer here); x holds every row the
+    // k, pdl, pre, flags), in this order and these types; map_w describes the experts' [experts * n, k / 2] FP4
+    // bytes (alive until queued: its sync guard, as every buffer here); x holds every row the
     // gather names (or p.m rows without one), scale experts * n * k / 32 bytes, y [p.m, n] (checked
     // by the op); the dispatch's chunks name experts < experts and rows < p.m, at most `tile` <=
     // cols each; a null gather passes as 0; k % 128 == 0, n % 64 == 0 and the shared memory is
@@ -505,43 +447,6 @@ pub(crate) fn gemm_fp4q_wg_launch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    /// The H200's (and H100's) L2 as the driver reports it.
-    const L2_50MIB: u64 = 50 << 20;
-
-    #[test]
-    fn fp4q_wg_prefetch_takes_one_token_down_weights_only() {
-        // V4-Flash down weights (FP4, [4096, 2048]: 4 MiB, scales 256 KiB an expert) behind gate/up
-        // (n = 4096: 64 items an expert): 64 KiB and 4 KiB an item.
-        let (w, s) = (4096 * 2048 / 2, 4096 * 2048 / 32);
-        assert_eq!(fp4q_wg_prefetch_tiles(64, w, s, 6, L2_50MIB), Some((65536, 4096)));
-        // Two tokens may route to twelve experts: 51 MiB, not kept in a 50 MiB L2.
-        assert_eq!(fp4q_wg_prefetch_tiles(64, w, s, 12, L2_50MIB), None);
-        // Pieces that are not whole 16-byte units.
-        assert_eq!(fp4q_wg_prefetch_tiles(64, 64 * 24, 0, 1, L2_50MIB), None);
-        assert_eq!(fp4q_wg_prefetch_tiles(3, 4096, 0, 1, L2_50MIB), None);
-        assert_eq!(fp4q_wg_prefetch_tiles(0, w, s, 6, L2_50MIB), None);
-    }
-
-    proptest! {
-        /// A prefetch covers exactly each expert's next weights and scales in 16-byte pieces, and
-        /// never more experts' worth than its share of L2.
-        #[test]
-        fn fp4q_wg_prefetch_pieces_tile_each_expert(tiles in 1u32..128, wu in 0u64..5000, su in 0u64..300,
-                                                    active in 1u32..300, l2 in 1u64..(1 << 27)) {
-            let (w_stride, s_stride) = (wu * 16 * tiles as u64, su * 16 * tiles as u64);
-            match fp4q_wg_prefetch_tiles(tiles, w_stride, s_stride, active, l2) {
-                Some((wt, st)) => {
-                    prop_assert_eq!(wt as u64 * tiles as u64, w_stride);
-                    prop_assert_eq!(st as u64 * tiles as u64, s_stride);
-                    prop_assert!(wt % 16 == 0 && st % 16 == 0 && wt > 0);
-                    prop_assert!(8 * active as u64 * (w_stride + s_stride) <= 5 * l2);
-                }
-                None => prop_assert!(wu == 0 || 8 * active as u64 * (w_stride + s_stride) > 5 * l2),
-            }
-        }
-    }
 
     #[test]
     fn fp4q_wg_flags_mark_a_block_an_item_and_one_token() {
