@@ -627,8 +627,7 @@ fn main() {
         }
     }
     // 128-wide k blocks per block of the Hopper decode kernel (the plan's choice: about two blocks
-    // an SM for narrow W, all of k for wq_b): each forced value at m = 1 and 16 (where narrow W
-    // otherwise runs the mma.sync kernel), the plan's stages.
+    // an SM for narrow W, all of k for wq_b): each forced value at m = 1 and 16, the plan's stages.
     for (f, what, n, k) in shapes.into_iter().filter(|s| s.0 == Fp8Block128) {
         for m in [1u32, 16] {
             for per in [1u32, 2, 4, 8, 16, 32] {

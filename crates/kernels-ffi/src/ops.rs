@@ -645,8 +645,7 @@ static FP8_DEC_PER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32:
 
 /// 128-wide k blocks each block of the Hopper decode GEMM (`di_gemm_fp8_dec_*`) multiplies: 0 (the
 /// default) lets the plan choose; another value forces that many (at most k / 128), so k splits
-/// into ceil(k / 128 / per) blocks a row block, and narrow W with 9-16 tokens (which the plan
-/// leaves to the mma.sync kernel) takes the decode kernel too. A process-wide knob for
+/// into ceil(k / 128 / per) blocks a row block. A process-wide knob for
 /// benchmarks; the split changes the summation order, so results agree within the GEMM tolerance,
 /// not bit for bit.
 pub fn set_fp8_dec_per(per: u32) {

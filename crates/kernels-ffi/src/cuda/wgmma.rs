@@ -597,12 +597,11 @@ impl DecPlan {
 /// The decode plan for y[m, n] = x[m, k] · Wᵀ on `sms` SMs, or `None` where the kernel does not
 /// apply: m <= 16, k % 128 == 0, n % 16 == 0, and the shared memory fits. A block per 128-row block of W
 /// where those give at least 7/8 of the SMs one (wq_b's 256); narrower W (wo_b 32, w1 16, wq_a 8)
-/// with up to 8 tokens splits k so there are about two blocks an SM, each streaming at least
-/// `DEC_MIN_PER` tiles, and the last block of each row block adds the partials in split order
-/// inside the launch. Narrow W with 9-16 tokens keeps the mma.sync kernel unless a `per` is forced
-/// ([`crate::ops::set_fp8_dec_per`]; on the H200 at 16
-/// tokens the split form took wq_a 14.3 against 12.3 us and shared_experts.w1 15.6 against 13.3;
-/// wo_b 21.1 against 22.3). Eight W
+/// splits k so there are about two blocks an SM, each streaming at least `DEC_MIN_PER` tiles, and
+/// the last block of each row block adds the partials in split order inside the launch. (Narrow W
+/// with 9-16 tokens ran the mma.sync kernel until the x rounding by bits: on the H200 at 16 tokens
+/// the split form now takes wo_b 17.6 us against 21.9, shared_experts.w13 12.8 against 15.2,
+/// benches/results/2026-12-05-decode-x-rounding.) Eight W
 /// tiles in flight when the blocks fit in one wave; when not, six for up to 8 tokens and four for
 /// 16, with room for two blocks an SM (H200, benches/results/2026-11-30-decode-pdl: at m = 1 six
 /// beat four by 4-18%; at 16 tokens four and five were within 5%, and six, one block an SM, lost a
@@ -614,9 +613,6 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
     let tokens = super::launch::decode_cols(m);
     let (rb, nk) = (n.div_ceil(128), k / 128);
     let wide = 8 * rb >= 7 * sms;
-    if !wide && tokens == 16 && crate::ops::fp8_dec_per() == 0 {
-        return None;
-    }
     let per = match crate::ops::fp8_dec_per() {
         0 if wide => nk,
         0 => (nk * rb).div_ceil(2 * sms).max(DEC_MIN_PER).min(nk),
@@ -758,9 +754,10 @@ mod dec_tests {
         assert_eq!((w1.splits, w1.per, w1.stages), (16, 2, 2));
         let wq_a = dec_plan(8, 1024, 4096, 132).unwrap();
         assert_eq!((wq_a.splits, wq_a.per), (16, 2));
-        // Narrow W with more than 8 tokens: the mma.sync kernel.
-        assert_eq!(dec_plan(9, 1024, 4096, 132), None);
-        assert_eq!(dec_plan(16, 4096, 8192, 132), None);
+        // Narrow W with 9-16 tokens splits the same way (16-token columns: four tiles in flight).
+        let wo_b16 = dec_plan(16, 4096, 8192, 132).unwrap();
+        assert_eq!((wo_b16.tokens, wo_b16.splits, wo_b16.per, wo_b16.stages), (16, 8, 8, 4));
+        assert_eq!(dec_plan(9, 1024, 4096, 132).map(|p| (p.tokens, p.splits, p.per)), Some((16, 16, 2)));
         assert_eq!(dec_plan(17, 32768, 1024, 132), None);
         assert_eq!(dec_plan(4, 32768, 1000, 132), None);
         // 120 row blocks give 7/8 of 132 SMs a block, one wave: eight tiles in flight.

@@ -4,10 +4,11 @@
 #     a6c05f6's kernels (gpu_ops-before), alternating, two rounds;
 # (2) narrow W at 16 tokens on the decode kernel (forced per, 596ad77) against the mma.sync kernel;
 # (3) gpu_parity and gpu_moe tests (the new rounding; the settled down GEMM of 2c5c1a2; the FP4
-#     decode kernel's scales read a pair ahead);
+#     decode kernel's scales read a pair ahead; gate/up prefetching the down weights into L2);
 # (4) the MoE bench (settled down GEMM off/on in one binary) at 1 token, alternating with
 #     14f721c's build (gpu_moe-before: the FP4 decode kernel's scales read where used), two
-#     rounds, then 16/64 tokens.
+#     rounds (the after build also times gate/up + down pairs and the layer with gate/up
+#     prefetching the down weights into L2), then 16/64 tokens.
 # Part "ops" is (1)-(2), part "moe" (3)-(4), "all" both (each part fits a device call).
 # Build (model.safetensors moved out of the tree for the device call):
 #   git checkout a6c05f6 -- kernels/cuda && cargo xtask kernels && cargo xtask gpu-bundle --only gpu_ops
@@ -65,12 +66,12 @@ for n in 1 2; do
     bin="$here/benches/deepinfer-moe-gpu_moe"; [ $b = before ] && bin="$here/benches/gpu_moe-before"
     SECONDS=0
     DEEPINFER_MOE_TOKENS=1 DEEPINFER_BENCH_JSON="$r/moe-1-$b-r$n.json" timeout 90 "$bin" --bench > "$r/moe-1-$b-r$n.log" 2>&1
-    echo "== moe 1 $b r$n ${SECONDS}s"; grep -E "settled|routed_down_gemm |routed_gate_up_gemm |moe layer" "$r/moe-1-$b-r$n.log" | cut -c1-200
+    echo "== moe 1 $b r$n ${SECONDS}s"; grep -E "settled|prefetch|then_down|routed_down_gemm |routed_gate_up_gemm |moe layer" "$r/moe-1-$b-r$n.log" | cut -c1-200
     save
   done
 done
 DEEPINFER_MOE_TOKENS=16,64 DEEPINFER_BENCH_JSON="$r/moe-16-64.json" timeout 100 "$here/benches/deepinfer-moe-gpu_moe" --bench > "$r/moe-16-64.log" 2>&1
-grep -E "settled|moe layer|routed_down_gemm |routed_gate_up_gemm " "$r/moe-16-64.log" | cut -c1-200
+grep -E "settled|prefetch|then_down|moe layer|routed_down_gemm |routed_gate_up_gemm " "$r/moe-16-64.log" | cut -c1-200
 save
 fi
 echo done
