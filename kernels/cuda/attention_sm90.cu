@@ -189,8 +189,20 @@ __device__ __forceinline__ void tile_stats(float* st, float (&l_tot)[2], const f
 }
 
 // The launch's flags word: kFlagTmaRuns, page tiles by TMA (publish_rows); kFlagMergeF32, the
-// cluster merge sends its partial as fp32 instead of scaled f16 (c2_merge).
-constexpr uint32_t kFlagTmaRuns = 1, kFlagMergeF32 = 2;
+// cluster merge sends its partial as fp32 instead of scaled f16 (c2_merge); kFlagPdl, the grid was
+// launched with programmatic dependent launch (pdl_start).
+constexpr uint32_t kFlagTmaRuns = 1, kFlagMergeF32 = 2, kFlagPdl = 4;
+
+// Programmatic dependent launch (sm90.cuh): a block sets up its barriers and shared memory while
+// the grid before it in the stream still runs, waits for that grid here, before its first read of
+// anything (Q, the key rows and counts, the pool: the kernels before attention write this step's
+// rows), and lets the grid after it launch at once: no block of that grid fits beside one of these
+// (one block an SM), so it only takes SMs as these blocks leave, and does its own setup (a GEMM's
+// first weight tiles) under this grid's tail instead of after it.
+__device__ __forceinline__ void pdl_start(uint32_t flags) {
+    pdl_wait();
+    pdl_trigger(flags & kFlagPdl);
+}
 
 // The gather warpgroup's thread t publishes the pool row of key t of the next tile in ix (threads
 // 0-63; -1: no key) and all 128 agree (barrier 2) whether the tile's 64 rows are one run of
@@ -447,16 +459,15 @@ __device__ __forceinline__ void attn_decode_wg(const __nv_bfloat16* __restrict__
         mbar_init(q_bar, 1);  // thread 0 of the gather warpgroup, with Q's bytes
         mbar_init(q_free, 1);  // thread 0 of the warpgroup that ran the sequence's last S
         mbar_init_fence();
+        tma_prefetch_map(&map_kv);
+        tma_prefetch_map(&map_q);
     }
     __syncthreads();
+    pdl_start(flags);
 
     if (wg == 0) {
         setmaxnreg_dec<40>();
         const uint32_t t = threadIdx.x;
-        if (t == 0) {
-            tma_prefetch_map(&map_kv);
-            tma_prefetch_map(&map_q);
-        }
         uint32_t g = 0;  // key tiles of this block so far (all its sequences): stage g % STAGES
         Bufs bufs;
         uint32_t prev_tiles = 0, ew0 = 0, ew1 = 0;  // waits on empty[0], empty[1] so far
@@ -728,6 +739,19 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     uint64_t* pfree = pready + 1;                                        // both P V of that tile done
     const uint32_t b = blockIdx.x, split = blockIdx.y;
     if (b >= seqs) return;  // the grid's x is the batch: never taken
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2 * SP_STAGES; ++i) {
+            mbar_init(&full[i], 129);  // every gather thread's cp.async arrival + thread 0's (rows, bytes)
+            mbar_init(&empty[i], 4);   // lane 0 of each warp of the warpgroup that frees the half
+        }
+        mbar_init(pready, 128);  // every thread of the S warpgroup
+        mbar_init(pfree, 8);     // lane 0 of each P V warp
+        mbar_init_fence();
+        tma_prefetch_map(&map_kv);
+        tma_prefetch_map(&map_q);
+    }
+    __syncthreads();
+    pdl_start(flags);
     const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
     const uint32_t k_begin = min(count, split * tiles_per_split * KT);
     const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
@@ -738,22 +762,11 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int r0 = warp * 16 + lane / 4;
     const int rr[2] = {r0, r0 + 8};
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < 2 * SP_STAGES; ++i) {
-            mbar_init(&full[i], 129);  // every gather thread's cp.async arrival + thread 0's (rows, bytes)
-            mbar_init(&empty[i], 4);   // lane 0 of each warp of the warpgroup that frees the half
-        }
-        mbar_init(pready, 128);  // every thread of the S warpgroup
-        mbar_init(pfree, 8);     // lane 0 of each P V warp
-        mbar_init_fence();
-    }
-    __syncthreads();
 
     if (wg == 0) {
         setmaxnreg_dec<24>();
         const uint32_t t = threadIdx.x;
         if (t == 0) {
-            tma_prefetch_map(&map_kv);
             // Q into stage 2, each half on its own barrier: eight boxes of 64 heads x 128 bytes.
             for (int h = 0; h < 2; ++h) {
                 mbar_arrive_expect_tx(&full[2 * 2 + h], TILE / 2);

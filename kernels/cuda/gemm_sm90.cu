@@ -1308,14 +1308,10 @@ __device__ __forceinline__ void fp4q_wg_body(const DiTmaMap& map_w, const __nv_b
         const uint8_t* sg = sw + (static_cast<size_t>(c.x) * n + rg) * groups;
         const uint8_t* sh = sg + 8 * static_cast<size_t>(groups);
         // W's group scales are read a k-block pair ahead of their use (the words of pair kb / 2:
-        // rows rg and rg + 8, k blocks kb and kb + 1), and the item's scale rows are brought into L2
-        // first (the quad's lanes take alternate 32-byte sectors), so the loop's reads do not wait
-        // on memory: read where they were used, each fourth pair's missed its L1 sector and stalled
-        // the block's ring for a memory latency.
-        for (uint32_t b = 32 * q; b < groups; b += 128) {
-            prefetch_l2(sg + b);
-            prefetch_l2(sh + b);
-        }
+        // rows rg and rg + 8, k blocks kb and kb + 1), so the loop's reads do not wait on memory:
+        // read where they were used, each fourth pair's missed its L1 sector and stalled the
+        // block's ring for a memory latency. (Bringing the item's scale rows into L2 first as well
+        // changed nothing: benches/results/2026-12-05-fp4-scale-variants.)
         auto scales_at = [&](uint32_t kb) {
             const bool two = kb + 1 < kc;
             return make_uint4(__ldg(reinterpret_cast<const uint32_t*>(sg + 4 * kb)),

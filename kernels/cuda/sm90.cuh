@@ -132,10 +132,6 @@ __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_g
 __device__ __forceinline__ void tma_prefetch_map(const DiTmaMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
-// The global line holding p into L2 (no register, no wait; not a compiler barrier).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<uint64_t>(p)));
-}
 
 // Shared-memory matrix descriptor of a K-major operand stored with the 128-byte swizzle (rows of
 // 128 bytes, 8-row core groups 1024 bytes apart), starting at shared address `addr`. Advancing k

@@ -8,12 +8,14 @@
 //! Floor = KV bytes read (batch x keys x 512 x 2) + q and out, over 4.3 TB/s; the FLOPs (4 x batch x
 //! heads x keys x 512) are reported too. Method: output checked against the CPU on one sequence;
 //! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
-//! launches, median of 20 batches.
+//! launches, median of 20 batches. The Hopper kernels run with programmatic dependent launch (the
+//! default: each call sets up under the one before it) and without it ("/nopdl").
 
 use deepinfer_kernels_ffi::attention::{
     attention_decode, cuda_kernel, decode_splits, set_merge_f32, set_s_warpgroup, set_tma_runs, set_wgmma,
     DecodeAttnShape,
 };
+use deepinfer_kernels_ffi::ops;
 use deepinfer_kernels_ffi::testing::{
     cuda_device_or_skip, paged_key_rows, rel_err, switch_kernels, BenchOnly, SplitMix,
 };
@@ -81,16 +83,27 @@ fn main() {
             // Two splits on the Hopper cluster kernels: the merge's partial as scaled f16 (the
             // default) and as fp32 ("/f32merge").
             let merges: &[bool] = if wgmma && decode_splits(shape).0 == 2 { &[false, true] } else { &[false] };
-            let configs = variants
-                .iter()
-                .flat_map(|&t| kernels.iter().flat_map(move |&k| merges.iter().map(move |&m| (t, k, m))));
-            for (tma, s_wg, f32_merge) in configs {
+            // The Hopper kernels' defaults also without programmatic dependent launch ("/nopdl").
+            let configs = variants.iter().flat_map(|&t| {
+                kernels.iter().flat_map(move |&k| {
+                    merges.iter().flat_map(move |&m| {
+                        let pdls: &[bool] = if wgmma && t && k && !m { &[true, false] } else { &[true] };
+                        pdls.iter().map(move |&p| (t, k, m, p))
+                    })
+                })
+            });
+            for (tma, s_wg, f32_merge, pdl) in configs {
                 set_tma_runs(tma);
                 set_s_warpgroup(s_wg);
                 set_merge_f32(f32_merge);
+                ops::set_pdl(pdl);
                 let kernel = cuda_kernel(&s, shape).unwrap_or_default();
-                let kernel =
-                    format!("{kernel}{}{}", if tma { "" } else { "/gather" }, if f32_merge { "/f32merge" } else { "" });
+                let kernel = format!(
+                    "{kernel}{}{}{}",
+                    if tma { "" } else { "/gather" },
+                    if f32_merge { "/f32merge" } else { "" },
+                    if pdl { "" } else { "/nopdl" }
+                );
                 attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
                 // Check sequence 0 against the CPU.
                 let one = DecodeAttnShape { batch: 1, ..shape };
@@ -180,6 +193,7 @@ fn main() {
             set_tma_runs(true);
             set_s_warpgroup(true);
             set_merge_f32(false);
+            ops::set_pdl(true);
         }
         set_wgmma(true);
         drop(pools);

@@ -575,10 +575,11 @@ kernel_switch!(
 
 kernel_switch!(
     PDL,
-    /// Whether the kernels written for it (the Hopper decode GEMM `di_gemm_fp8_dec_*` and
-    /// [`probe_read`]) are launched with programmatic dependent launch (the default): a grid may then
-    /// start while the grid before it in the stream finishes, and stream its weights before it waits
-    /// for that grid's outputs. A process-wide switch for A/B benchmarks; results are the same bits.
+    /// Whether the kernels written for it (the Hopper decode GEMMs, the Hopper decode attention
+    /// kernels and [`probe_read`]) are launched with programmatic dependent launch (the default): a
+    /// grid may then start while the grid before it in the stream finishes, and set up (a GEMM:
+    /// stream its weights) before it waits for that grid's outputs. A process-wide switch for A/B
+    /// benchmarks; results are the same bits.
     set_pdl,
     pdl
 );

@@ -153,6 +153,62 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
     }
 }
 
+/// Two decode calls back to back on one stream, the second's queries the first's output (what the
+/// kernel before attention is in a forward: it writes Q), with programmatic dependent launch (the
+/// default) and without: the same bits either way (a second call that read its Q before waiting
+/// for the first would see the NaNs the output buffer starts with, or other values), and the CPU's
+/// chain within the tolerance. Every Hopper kernel: the S-warpgroup ones with one and two splits,
+/// the turn-taking cluster one and the persistent one.
+#[test]
+fn gpu_attention_decode_chained_calls_wait_for_their_queries() {
+    let Some(dev) = cuda_device_or_skip("gpu_attention_decode_chained_calls_wait_for_their_queries") else { return };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    let chain = |s: &Stream, c: &Case| -> Vec<f32> {
+        let up = |v: &[bf16]| s.upload(v).unwrap();
+        let (q, kv) = (up(&c.q), up(&c.kv));
+        let (rows, counts, sink) =
+            (s.upload(&c.rows).unwrap(), s.upload(&c.counts).unwrap(), s.upload(&c.sink).unwrap());
+        let nan = vec![bf16::from_f32(f32::NAN); c.q.len()];
+        let (mut mid, mut out) = (up(&nan), up(&nan));
+        let mut status = s.zeros::<i32>(1).unwrap();
+        let scale = 1.0 / (512f32).sqrt();
+        attention_decode(s, &q, &kv, &rows, &counts, &sink, &mut mid, &mut status, c.shape, scale).unwrap();
+        attention_decode(s, &mid, &kv, &rows, &counts, &sink, &mut out, &mut status, c.shape, scale).unwrap();
+        s.download(&out).unwrap().iter().map(|v| v.to_f32()).collect()
+    };
+    // (batch, heads, max_keys): two splits of five tiles (sp_c2), of two (wg_c2), one split with a
+    // block per sequence (sp), more sequences than SMs (the persistent wg).
+    for (batch, heads, max_keys) in [(64u32, 64u32, 640u32), (64, 64, 192), (100, 48, 300), (200, 64, 130)] {
+        // Full counts: every output row is written (a sequence with no keys writes zeros anyway).
+        let mut c = case(&mut rng, batch, heads, max_keys, true, 8.0);
+        // The second call's queries are the first's outputs, weighted averages of key rows and so
+        // smaller than the keys: keys four times larger keep its scores spread (the CPU gets the
+        // same data).
+        c.kv.iter_mut().for_each(|v| *v = bf16::from_f32(v.to_f32() * 4.0));
+        let want = chain(&cpu, &c);
+        let kernel = cuda_kernel(&gpu, c.shape).unwrap_or_default();
+        let with = chain(&gpu, &c);
+        deepinfer_kernels_ffi::ops::set_pdl(false);
+        let without = chain(&gpu, &c);
+        deepinfer_kernels_ffi::ops::set_pdl(true);
+        let (rel, max) = rel_err(&with, &want);
+        println!(
+            "parity attention_decode {kernel} chained batch={batch} heads={heads} keys={max_keys}: rel_err={rel:.3e} max_abs={max:.3e} (tol {TOL:.0e})"
+        );
+        assert!(with.iter().all(|v| v.is_finite()), "{kernel}: the second call read unwritten queries");
+        assert!(rel < TOL, "{kernel} chained: rel_err {rel:e}");
+        assert_eq!(
+            with.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            without.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{kernel}: chained calls differ with and without programmatic dependent launch"
+        );
+    }
+}
+
 /// One decode case on one kernel: parity, two runs bit-identical, an out-of-pool row reported.
 fn check_decode(gpu: &Stream, cpu: &Stream, kernel: &str, c0: &Case) {
     let mut c = c0.clone();

@@ -97,7 +97,8 @@ pub(crate) fn attention_decode(
     // 64 heads x 128 bytes (heads past the count read as zeros, and are not written into the next
     // sequence: a sequence's Q in, its outputs out); the pool as bytes [pool_rows, 1024] in boxes
     // of 64 rows x 128 bytes (128-byte swizzle: key tiles of 64 consecutive rows). The addresses
-    // only: the launch below passes the buffers themselves too, which orders them on the stream.
+    // only: the launch below takes the buffers' pointers with their sync guards too, which orders
+    // them on the stream.
     let maps = if module == "attention_sm90" {
         let row = 2 * d as u64;
         let per_seq = |ptr: cudarc::driver::sys::CUdeviceptr| {
@@ -111,28 +112,86 @@ pub(crate) fn attention_decode(
     } else {
         None
     };
-    // The kernels' flags word (kFlag* in attention_sm90.cu).
-    let flags = u32::from(crate::attention::tma_runs()) | u32::from(crate::attention::merge_f32()) << 1;
-    let mut l = s.launch_builder(&f);
-    l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda()).arg(out.cuda_mut());
-    match parts.as_mut() {
-        Some((o, ml)) => l.arg(o).arg(ml),
-        None => l.arg(&none).arg(&none),
-    };
-    l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
-    if let Some((map_q, map_out, map_kv)) = &maps {
-        l.arg(&shape.batch).arg(map_out).arg(map_kv).arg(map_q).arg(&flags);
+    match maps {
+        Some((mut map_q, mut map_out, mut map_kv)) => {
+            use cudarc::driver::sys;
+            // Programmatic dependent launch (unless switched off: `ops::set_pdl`): the kernels set
+            // up under the grid before them and wait for it before their first read (pdl_start);
+            // the flags word tells them whether to let the next grid launch early.
+            let pdl = be.pdl_for(s, crate::ops::pdl());
+            // The kernels' flags word (kFlag* in attention_sm90.cu).
+            let mut flags = u32::from(crate::attention::tma_runs())
+                | u32::from(crate::attention::merge_f32()) << 1
+                | u32::from(pdl) << 2;
+            let (mut q_ptr, _q_sync) = q.cuda().device_ptr(s);
+            let (mut kv_ptr, _kv_sync) = kv.cuda().device_ptr(s);
+            let (mut rows_ptr, _rows_sync) = key_rows.cuda().device_ptr(s);
+            let (mut counts_ptr, _counts_sync) = key_counts.cuda().device_ptr(s);
+            let (mut sink_ptr, _sink_sync) = sink.cuda().device_ptr(s);
+            let (mut out_ptr, _out_sync) = out.cuda_mut().device_ptr_mut(s);
+            let (mut o_ptr, mut ml_ptr, _parts_sync) = match parts.as_mut() {
+                Some((o, ml)) => {
+                    let (o_ptr, o_sync) = o.device_ptr_mut(s);
+                    let (ml_ptr, ml_sync) = ml.device_ptr_mut(s);
+                    (o_ptr, ml_ptr, Some((o_sync, ml_sync)))
+                }
+                None => (0, 0, None),
+            };
+            let (mut status_ptr, _status_sync) = status.cuda_mut().device_ptr_mut(s);
+            let (mut heads, mut max_keys, mut pool_rows, mut per, mut scale, mut seqs) =
+                (shape.heads, shape.max_keys, pool_rows, per, scale, shape.batch);
+            let mut args: [*mut std::ffi::c_void; 19] = [
+                (&mut q_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut kv_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut rows_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut counts_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut sink_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut out_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut o_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut ml_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut status_ptr as *mut sys::CUdeviceptr).cast(),
+                (&mut heads as *mut u32).cast(),
+                (&mut max_keys as *mut u32).cast(),
+                (&mut pool_rows as *mut u32).cast(),
+                (&mut per as *mut u32).cast(),
+                (&mut scale as *mut f32).cast(),
+                (&mut seqs as *mut u32).cast(),
+                (&mut map_out as *mut super::wgmma::TmaMap).cast(),
+                (&mut map_kv as *mut super::wgmma::TmaMap).cast(),
+                (&mut map_q as *mut super::wgmma::TmaMap).cast(),
+                (&mut flags as *mut u32).cast(),
+            ];
+            // SAFETY: matches the wgmma kernels di_attn_decode_{wg, wg_c2, sp, sp_c2} (DI_ATTN_WG_PARAMS:
+            // q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys,
+            // pool_rows, tiles_per_split, scale, seqs = batch, which the grid's x covers once (all
+            // but di_attn_decode_wg with one split, which loops over it), map_out, out's [batch,
+            // heads, 1024] bytes, map_kv, kv's [pool_rows, 1024] bytes, map_q, q's [batch, heads,
+            // 1024] bytes, and the flags word), in this order and these types, every buffer alive
+            // until queued (its sync guard); the partials are null where no combine follows and
+            // then never written; the sp kernels' 512 threads and shared memory are ATTN_SP_SMEM's
+            // layout; the op checked q/out [batch, heads, 512], key_rows [batch, max_keys],
+            // key_counts [batch], sink [heads], heads <= 64; the kernels clamp counts to max_keys
+            // and skip rows outside the pool's pool_rows rows; the _c2 kernels' clusters are
+            // declared in the kernel (__cluster_dims__), and the grid's y is their two splits.
+            unsafe { be.launch_ex(s, &f, cfg, pdl, &mut args) }?;
+        }
+        None => {
+            let mut l = s.launch_builder(&f);
+            l.arg(q.cuda()).arg(kv.cuda()).arg(key_rows.cuda()).arg(key_counts.cuda()).arg(sink.cuda());
+            l.arg(out.cuda_mut());
+            match parts.as_mut() {
+                Some((o, ml)) => l.arg(o).arg(ml),
+                None => l.arg(&none).arg(&none),
+            };
+            l.arg(status.cuda_mut()).arg(&shape.heads).arg(&shape.max_keys).arg(&pool_rows).arg(&per).arg(&scale);
+            // SAFETY: matches di_attn_decode (q, kv, key_rows, key_counts, sink, out, o_part,
+            // ml_part, status, heads, max_keys, pool_rows, tiles_per_split, scale; the partials are
+            // null where no combine follows and then never written); the op checked q/out [batch,
+            // heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads <= 64;
+            // the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
+            unsafe { l.launch(cfg) }?;
+        }
     }
-    // SAFETY: matches di_attn_decode and the wgmma kernels di_attn_decode_{wg, wg_c2, sp, sp_c2}
-    // (q, kv, key_rows, key_counts, sink, out, o_part, ml_part, status, heads, max_keys, pool_rows,
-    // tiles_per_split, scale, and for the wgmma kernels seqs = batch, which the grid's x covers once
-    // (all but di_attn_decode_wg with one split, which loops over it), map_out, out's [batch, heads,
-    // 1024] bytes, map_kv, kv's [pool_rows, 1024] bytes, map_q, q's [batch, heads, 1024] bytes, and
-    // the flags word; the partials are null where no combine follows and then never written); the
-    // sp kernels' 512 threads and shared memory are ATTN_SP_SMEM's layout; the op checked
-    // q/out [batch, heads, 512], key_rows [batch, max_keys], key_counts [batch], sink [heads], heads
-    // <= 64; the kernel clamps counts to max_keys and skips rows outside the pool's pool_rows rows.
-    unsafe { l.launch(cfg) }?;
     if let Some((o, ml)) = parts {
         let c = be.function("attention", "di_attn_decode_combine")?;
         let grid =
