@@ -101,11 +101,6 @@ __device__ __forceinline__ float ex2_approx(float x) {
     return y;
 }
 
-// Byte offset of the 16-byte unit (row r, columns 8v..8v+7 of 512) in a swizzled 64-row tile.
-__device__ __forceinline__ uint32_t tile_off(uint32_t r, uint32_t v) {
-    return (v / 8) * CHUNK + r * 128 + (((v % 8) ^ (r % 8)) * 16);
-}
-
 // Which of a thread's 16 key columns of a tile (8j + 2 (lane % 4) + e, bit 2j + e) are real keys:
 // the tile's pool rows ix (-1: no key).
 __device__ __forceinline__ uint32_t tile_valid(const int32_t* ix, int lane) {
@@ -231,12 +226,31 @@ __device__ __forceinline__ void load_tile_chunks(uint8_t* dst, uint64_t* bar, co
         if (t == 0)
             for (uint32_t c = c0; c < c0 + NC; ++c) tma_load_2d(dst + c * CHUNK, &map_kv, c * 128, first, bar);
     } else {
-        constexpr uint32_t U = 8 * NC;  // 16-byte units of a row this call copies
-#pragma unroll 8
-        for (uint32_t i = 0; i < KT * U / 128; ++i) {
-            const uint32_t j = (128 / U) * i + t / U, v = 8 * c0 + t % U;
-            const int32_t r = ix[j];
-            cp_async16(dst + tile_off(j, v), kv + static_cast<size_t>(r < 0 ? 0 : r) * D + v * 8, r >= 0);
+        // Thread t copies unit v of rows PER w .. PER w + PER - 1 (w = t / U): their pool rows
+        // come four at a time (one 16-byte shared load), the source column and destination chunk
+        // are fixed, and row PER w + i's swizzle (v % 8) ^ (i % 8) is an XOR into bits 4-6 of a
+        // per-thread shared address (rows PER w are 8-row aligned), its row a constant offset:
+        // a compare, a clamp, a multiply-add and the copy (computing each unit's swizzled offset
+        // afresh took ~18 instructions a copy, and the gather warpgroup's issue was on the S
+        // warpgroup's critical path: ncu, H100; benches/results/2026-12-05-attention-index-ring).
+        constexpr uint32_t U = 8 * NC;     // 16-byte units of a row this call copies
+        constexpr uint32_t PER = KT * U / 128;  // rows a thread copies
+        static_assert(PER % 8 == 0, "a thread's rows start 8-row aligned");
+        const uint32_t v = 8 * c0 + t % U, w = t / U;
+        const uint32_t a0 = smem_addr(dst) + (v / 8) * CHUNK + PER * w * 128 + (v % 8) * 16;
+        const uint8_t* s0 = reinterpret_cast<const uint8_t*>(kv) + v * 16;
+        const int4* ixw = reinterpret_cast<const int4*>(ix + PER * w);
+#pragma unroll
+        for (uint32_t q = 0; q < PER / 4; ++q) {
+            const int4 r4 = ixw[q];
+            const int32_t rs[4] = {r4.x, r4.y, r4.z, r4.w};
+#pragma unroll
+            for (uint32_t e = 0; e < 4; ++e) {
+                const uint32_t i = 4 * q + e;
+                const int32_t r = rs[e];
+                const uint32_t rr = r < 0 ? 0u : static_cast<uint32_t>(r);
+                cp_async16_sa((a0 ^ ((i % 8) * 16)) + i * 128, s0 + static_cast<size_t>(rr) * (D * 2), r < 0);
+            }
         }
     }
     cp_async_arrive_noinc(bar);
@@ -716,8 +730,12 @@ namespace {
 constexpr int SP_STAGES = 3;
 constexpr int SP_QREG = 24;  // k16 steps whose Q fragments the S warpgroup holds; the other 8 (two chunks) in shared memory
 static_assert(SP_QREG % 4 == 0 && 32 - SP_QREG == 8, "qs holds exactly two 64-column chunks of Q");
-constexpr int SP_SMEM = 1024 + SP_STAGES * TILE + 2 * CHUNK + HM * 128 + 3 * HM * 4 + 2 * HM * 4 + SP_STAGES * KT * 4 + (4 * SP_STAGES + 2) * 8;
-static_assert(SP_SMEM == 224368, "attention.rs ATTN_SP_SMEM");
+// The gather's ring of key-list entries: two slots of SP_RING_TILES tiles' entries (see the gather).
+constexpr int SP_RING_TILES = 4;
+constexpr int SP_RING = 2 * SP_RING_TILES * KT;
+constexpr int SP_SMEM = 1024 + SP_STAGES * TILE + 2 * CHUNK + HM * 128 + 3 * HM * 4 + 2 * HM * 4 + SP_STAGES * KT * 4 + SP_RING * 4 +
+                        (4 * SP_STAGES + 2) * 8;
+static_assert(SP_SMEM == 226416, "attention.rs ATTN_SP_SMEM");
 
 template <bool C2>
 __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__ kv, const int32_t* __restrict__ key_rows,
@@ -733,7 +751,8 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     float* stats = reinterpret_cast<float*>(p_s + HM * 128);      // [m, l, alpha][HM] of the last tile
     float* red = stats + 3 * HM;                                  // [2][HM]: the cluster merge's m, l
     int32_t* idx = reinterpret_cast<int32_t*>(red + 2 * HM);      // [SP_STAGES][KT] pool rows of each stage
-    uint64_t* full = reinterpret_cast<uint64_t*>(idx + SP_STAGES * KT);  // [stage][half]
+    int32_t* ring = idx + SP_STAGES * KT;                         // [2][SP_RING_TILES * KT] key-list entries
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + SP_RING);  // [stage][half]
     uint64_t* empty = full + 2 * SP_STAGES;                              // [stage][half]
     uint64_t* pready = empty + 2 * SP_STAGES;                            // P and the stats of a tile in place
     uint64_t* pfree = pready + 1;                                        // both P V of that tile done
@@ -776,22 +795,46 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             }
         }
         for (int h = 0; h < 2; ++h) cp_async_arrive_noinc(&full[2 * 2 + h]);
+        // The key-list entries come through a ring in shared memory, a chunk of SP_RING_TILES
+        // tiles' entries a slot, copied by cp.async (two entries a thread) one chunk ahead: read
+        // from global memory one tile ahead, each tile's entries waited behind the previous tile's
+        // row copies in the SM's memory pipeline, so one tile's rows were in flight at a time
+        // (ncu: the gather never waited for a free stage; the S warpgroup waited for keys).
+        // Chunk c is committed as its own cp.async group at tile (c - 1) * SP_RING_TILES (chunks
+        // 0 and 1 at the start) and waited for one chunk later (wait_group 1: the group holds only
+        // copies of tiles long consumed besides), then a barrier of the 128 gather threads makes
+        // every thread's entries visible. Slot c % 2 held chunk c - 2, whose last reads came
+        // before the previous tile's publish barrier.
         const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
-        auto row_of = [&](uint32_t key) { return gather_row(rows, key, k_end, pool_rows, status); };
-        int32_t next = t < KT ? row_of(k_begin + t) : -1;
-        int32_t next0 = t < KT ? row_of(k_begin) : -1;
+        auto fetch = [&](uint32_t c) {
+            int32_t* slot = ring + (c % 2) * (SP_RING_TILES * KT);
+            for (uint32_t e = t; e < SP_RING_TILES * KT; e += 128) {
+                const uint32_t key = k_begin + c * (SP_RING_TILES * KT) + e;
+                if (key < k_end) cp_async4(slot + e, rows + key);
+            }
+            cp_async_commit();
+        };
+        auto row_of = [&](uint32_t it, uint32_t j) {
+            const uint32_t key = k_begin + it * KT + j;
+            if (key >= k_end) return -1;
+            return checked_row(ring[((it / SP_RING_TILES) % 2) * (SP_RING_TILES * KT) + (it % SP_RING_TILES) * KT + j], pool_rows, status);
+        };
+        fetch(0);
+        fetch(1);
         for (uint32_t it = 0; it < tiles; ++it) {
             const uint32_t s = it % SP_STAGES, f = fill_of(it);
             uint8_t* dst = base + s * TILE;
+            if (it % SP_RING_TILES == 0) {
+                if (it > 0) fetch(it / SP_RING_TILES + 1);
+                cp_async_wait_pending<1>();
+                named_barrier(2, 128);
+            }
             // Half 0 frees after warpgroup 2's P V of the stage's last tile, which came after the S
             // warpgroup read that tile's rows: so the rows may be rewritten then.
             if (f > 0) mbar_wait(&empty[2 * s], (f - 1) & 1);
-            const bool run = publish_rows(idx + s * KT, t, next, next0, flags);
-            const int32_t first = next0;
-            if (t < KT) {
-                next = row_of(k_begin + (it + 1) * KT + t);
-                next0 = row_of(k_begin + (it + 1) * KT);
-            }
+            // The tile's first row (threads 0-63, one address a warp): its run test and TMA origin.
+            const int32_t first = t < KT ? row_of(it, 0) : -1;
+            const bool run = publish_rows(idx + s * KT, t, t < KT ? row_of(it, t) : -1, first, flags);
             // Half h (column chunks 4h..4h + 3) once its warpgroup freed it. (Rows by one-row TMA
             // boxes instead of cp.async, 512 a tile: ten times slower.)
             for (uint32_t h = 0; h < 2; ++h) {

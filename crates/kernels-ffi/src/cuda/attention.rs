@@ -22,10 +22,12 @@ const ATTN_SMEM_BYTES: u32 = 64 * 520 * 2 + 2 * 64 * 520 * 2 + 64 * 72 * 2 + 64 
 const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 * 4 + 2 * 64 * 4 + 8 * 8;
 
 /// Dynamic shared memory of di_attn_decode_sp and di_attn_decode_sp_c2 (the static_assert in
-/// attention_sm90.cu): 1024 bytes of alignment slack, three key stages (64 KB each), Q's last 128 dims (16 KB), P (8 KB), the
-/// max, sum and rescale factor per row, the cluster merge's max and sum per row, the key rows of
-/// three tiles, fourteen mbarriers.
-const ATTN_SP_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 8192 + 3 * 64 * 4 + 2 * 64 * 4 + 3 * 64 * 4 + 14 * 8;
+/// attention_sm90.cu): 1024 bytes of alignment slack, three key stages (64 KB each), Q's last 128
+/// dims (16 KB), P (8 KB), the max, sum and rescale factor per row, the cluster merge's max and sum
+/// per row, the key rows of three tiles, the gather's ring of key-list entries (two slots of four
+/// tiles'), fourteen mbarriers.
+const ATTN_SP_SMEM: u32 =
+    1024 + 3 * 65536 + 2 * 8192 + 8192 + 3 * 64 * 4 + 2 * 64 * 4 + 3 * 64 * 4 + 2 * 4 * 64 * 4 + 14 * 8;
 
 /// Key tiles a split needs before two-split decode takes the S-warpgroup cluster kernel: with fewer,
 /// its prologue (Q into registers) outweighs what it saves (H200, batch 64: 0.303 / 0.283 of the
