@@ -185,8 +185,10 @@ __device__ __forceinline__ void tile_stats(float* st, float (&l_tot)[2], const f
 
 // The launch's flags word: kFlagTmaRuns, page tiles by TMA (publish_rows); kFlagMergeF32, the
 // cluster merge sends its partial as fp32 instead of scaled f16 (c2_merge); kFlagPdl, the grid was
-// launched with programmatic dependent launch (pdl_start).
-constexpr uint32_t kFlagTmaRuns = 1, kFlagMergeF32 = 2, kFlagPdl = 4;
+// launched with programmatic dependent launch (pdl_start); kFlagHeadHalves, the one-split S-warpgroup
+// kernel's grid covers each sequence twice, block b taking sequence b / 2's heads (b % 2) * heads..
+// + heads (the launch passes half the heads, and Q and out as [2 batch, heads / 2, 512]).
+constexpr uint32_t kFlagTmaRuns = 1, kFlagMergeF32 = 2, kFlagPdl = 4, kFlagHeadHalves = 8;
 
 // Programmatic dependent launch (sm90.cuh): a block sets up its barriers and shared memory while
 // the grid before it in the stream still runs, waits for that grid here, before its first read of
@@ -758,6 +760,11 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     uint64_t* pfree = pready + 1;                                        // both P V of that tile done
     const uint32_t b = blockIdx.x, split = blockIdx.y;
     if (b >= seqs) return;  // the grid's x is the batch: never taken
+    // With head halves (one split only), block b is sequence b / 2's heads (b % 2) * heads..: its
+    // key list, count and sinks; Q and out are addressed by b (the maps are [2 batch, heads]).
+    const bool halves = !C2 && (flags & kFlagHeadHalves) != 0;
+    const uint32_t seq = halves ? b / 2 : b;
+    if (halves) sink += (b % 2) * heads;
     if (threadIdx.x == 0) {
         for (int i = 0; i < 2 * SP_STAGES; ++i) {
             mbar_init(&full[i], 129);  // every gather thread's cp.async arrival + thread 0's (rows, bytes)
@@ -771,7 +778,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     }
     __syncthreads();
     pdl_start(flags);
-    const uint32_t count = min(static_cast<uint32_t>(max(key_counts[b], 0)), max_keys);
+    const uint32_t count = min(static_cast<uint32_t>(max(key_counts[seq], 0)), max_keys);
     const uint32_t k_begin = min(count, split * tiles_per_split * KT);
     const uint32_t k_end = min(count, (split + 1) * tiles_per_split * KT);
     const uint32_t tiles = (k_end - k_begin + KT - 1) / KT;
@@ -805,7 +812,7 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
         // copies of tiles long consumed besides), then a barrier of the 128 gather threads makes
         // every thread's entries visible. Slot c % 2 held chunk c - 2, whose last reads came
         // before the previous tile's publish barrier.
-        const int32_t* rows = key_rows + static_cast<size_t>(b) * max_keys;
+        const int32_t* rows = key_rows + static_cast<size_t>(seq) * max_keys;
         auto fetch = [&](uint32_t c) {
             int32_t* slot = ring + (c % 2) * (SP_RING_TILES * KT);
             for (uint32_t e = t; e < SP_RING_TILES * KT; e += 128) {

@@ -1,6 +1,6 @@
 //! Decode attention and the lightning indexer at V4-Flash shapes on the GPU (issue #8): batch 64, 64 heads of 512, one K=V
 //! head, keys gathered from a paged pool: a CSA layer (128 window + 512 top-k rows, any context
-//! past 2k), HCA layers at 8k (128 + 64) and 128k (128 + 1024), a sliding-only layer (128). Prints
+//! past 2k), HCA layers at 8k (128 + 64), 16k, 32k and 128k (128 + 1024), a sliding-only layer (128). Prints
 //! a table and, with DEEPINFER_BENCH_JSON set, writes JSON; prints that it skipped without a GPU.
 //! The PyTorch peer (transformers' DeepseekV4 eager attention function) runs from
 //! `benches/peers/attention_decode_torch.py` in the same visit.
@@ -9,11 +9,12 @@
 //! heads x keys x 512) are reported too. Method: output checked against the CPU on one sequence;
 //! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
 //! launches, median of 20 batches. The Hopper kernels run with programmatic dependent launch (the
-//! default: each call sets up under the one before it) and without it ("/nopdl").
+//! default: each call sets up under the one before it) and without it ("/nopdl"), and with each
+//! sequence's heads as two blocks over all of its keys ("+halves") where the default splits keys.
 
 use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, set_merge_f32, set_s_warpgroup, set_tma_runs, set_wgmma,
-    DecodeAttnShape,
+    attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, set_head_halves_max_tiles, set_merge_f32,
+    set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::ops;
 use deepinfer_kernels_ffi::testing::{
@@ -46,6 +47,8 @@ fn main() {
     for (what, keys, paged) in [
         ("CSA (128 window + 512 top-k)", 640u32, false),
         ("HCA 8k (128 + 64)", 192, false),
+        ("HCA 16k (128 + 128)", 256, false),
+        ("HCA 32k (128 + 256)", 384, false),
         ("HCA 128k (128 + 1024)", 1152, false),
         ("sliding only (128)", 128, false),
         ("HCA 8k paged", 192, true),
@@ -83,21 +86,36 @@ fn main() {
             // Two splits on the Hopper cluster kernels: the merge's partial as scaled f16 (the
             // default) and as fp32 ("/f32merge").
             let merges: &[bool] = if wgmma && decode_splits(shape).0 == 2 { &[false, true] } else { &[false] };
-            // The Hopper kernels' defaults also without programmatic dependent launch ("/nopdl").
+            // The Hopper kernels' defaults also without programmatic dependent launch ("/nopdl"),
+            // and each sequence's heads as two blocks over all of its keys whatever its length
+            // ("+halves", `set_head_halves_max_tiles`), against the default's limit.
+            let default_halves = head_halves_max_tiles();
             let configs = variants.iter().flat_map(|&t| {
                 kernels.iter().flat_map(move |&k| {
                     merges.iter().flat_map(move |&m| {
                         let pdls: &[bool] = if wgmma && t && k && !m { &[true, false] } else { &[true] };
-                        pdls.iter().map(move |&p| (t, k, m, p))
+                        pdls.iter().flat_map(move |&p| {
+                            let halves: &[Option<u32>] =
+                                if wgmma && t && k && !m && p { &[None, Some(0), Some(u32::MAX)] } else { &[None] };
+                            halves.iter().map(move |&h| (t, k, m, p, h))
+                        })
                     })
                 })
             });
-            for (tma, s_wg, f32_merge, pdl) in configs {
+            let mut seen = Vec::new();
+            for (tma, s_wg, f32_merge, pdl, halves) in configs {
                 set_tma_runs(tma);
                 set_s_warpgroup(s_wg);
                 set_merge_f32(f32_merge);
                 ops::set_pdl(pdl);
+                set_head_halves_max_tiles(halves.unwrap_or(default_halves));
                 let kernel = cuda_kernel(&s, shape).unwrap_or_default();
+                // A forced setting that picks what another row already ran is not run again.
+                let key = (tma, s_wg, f32_merge, pdl, kernel);
+                if seen.contains(&key) {
+                    continue;
+                }
+                seen.push(key);
                 let kernel = format!(
                     "{kernel}{}{}{}",
                     if tma { "" } else { "/gather" },
@@ -194,6 +212,7 @@ fn main() {
             set_s_warpgroup(true);
             set_merge_f32(false);
             ops::set_pdl(true);
+            set_head_halves_max_tiles(default_halves);
         }
         set_wgmma(true);
         drop(pools);

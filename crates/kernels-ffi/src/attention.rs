@@ -78,12 +78,31 @@ pub fn s_warpgroup() -> bool {
     S_WARPGROUP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape`; `None` on the CPU or
+static HEAD_HALVES_MAX_TILES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Up to how many key tiles ([`CUDA_KEY_TILE`] keys) a sequence may have for Hopper decode to run
+/// its heads as two halves in two blocks, each over all of the keys, instead of its keys as two
+/// splits merged in a cluster (0: never; the default): a process-wide setting for A/B benchmarks and
+/// tests; results agree within the attention tolerance either way.
+pub fn set_head_halves_max_tiles(tiles: u32) {
+    HEAD_HALVES_MAX_TILES.store(tiles, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The setting [`set_head_halves_max_tiles`] sets.
+pub fn head_halves_max_tiles() -> u32 {
+    HEAD_HALVES_MAX_TILES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape` (with `+halves` where
+/// a sequence's heads run as two blocks: [`set_head_halves_max_tiles`]); `None` on the CPU or
 /// without the CUDA backend.
 pub fn cuda_kernel(stream: &Stream, shape: DecodeAttnShape) -> Option<&'static str> {
     match stream.device() {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(_) => {
+            if crate::cuda::attention::head_halves(stream, shape) {
+                return Some("di_attn_decode_sp+halves");
+            }
             let (splits, per) = decode_splits(shape);
             Some(crate::cuda::attention::decode_kernel(stream, splits, per, shape.batch).1)
         }

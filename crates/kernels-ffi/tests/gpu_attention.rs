@@ -13,8 +13,8 @@
 //! ‖·‖ ~ 5e-4); a bf16 partial measured ~1.8e-3 (`benches/results/2026-12-01-attention-merge-ab`).
 
 use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, merge_f32, set_merge_f32, set_s_warpgroup, set_tma_runs, set_wgmma,
-    DecodeAttnShape,
+    attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, merge_f32, set_head_halves_max_tiles,
+    set_merge_f32, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::testing::{
     cuda_device_or_skip, fresh_seed, paged_key_rows, rel_err, switch_kernels, SplitMix,
@@ -115,6 +115,15 @@ fn gpu_attention_decode_matches_cpu() {
                 check_decode(&gpu, &cpu, cuda_kernel(&gpu, c0.shape).unwrap_or_default(), &c0);
                 set_s_warpgroup(true);
             }
+            // Each sequence's heads as two blocks over all of its keys, whatever its length, where
+            // the GPU and the shape allow it (sm_90, an even head count, twice the batch in a wave).
+            let default_halves = head_halves_max_tiles();
+            set_head_halves_max_tiles(u32::MAX);
+            let halves = cuda_kernel(&gpu, c0.shape).unwrap_or_default();
+            if halves.ends_with("+halves") {
+                check_decode(&gpu, &cpu, halves, &c0);
+            }
+            set_head_halves_max_tiles(default_halves);
         }
         set_wgmma(true);
     }
@@ -139,10 +148,16 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
         let mut c = case(&mut rng, batch, heads, max_keys, full, 8.0);
         c.rows = paged_key_rows(&mut rng, batch, max_keys, c.kv.len() / 512);
         let (want, _) = run(&cpu, &c);
-        // Where sm_90 takes an S-warpgroup kernel (the default), the turn-taking one too.
-        for s_wg in [true, false] {
+        // Where sm_90 takes an S-warpgroup kernel (the default), the turn-taking one too, and each
+        // sequence's heads as two blocks (forced; where the batch allows it).
+        let default_halves = head_halves_max_tiles();
+        for (s_wg, halves) in [(true, true), (true, false), (false, false)] {
             set_s_warpgroup(s_wg);
+            set_head_halves_max_tiles(if halves { u32::MAX } else { 0 });
             let kernel = cuda_kernel(&gpu, c.shape).unwrap_or_default();
+            if halves && !kernel.ends_with("+halves") {
+                continue;
+            }
             set_tma_runs(false);
             let (gathered, _) = run(&gpu, &c);
             set_tma_runs(true);
@@ -161,6 +176,7 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
             }
         }
         set_s_warpgroup(true);
+        set_head_halves_max_tiles(default_halves);
     }
 }
 

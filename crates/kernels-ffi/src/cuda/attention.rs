@@ -54,6 +54,24 @@ pub(crate) fn decode_kernel(stream: &Stream, splits: u32, per: u32, batch: u32) 
     }
 }
 
+/// Whether `attention_decode` runs each sequence of `shape` as two blocks of half its heads over
+/// all of its keys (`di_attn_decode_sp` with the head-halves flag, a grid of twice the batch)
+/// instead of splitting its keys: on sm_90 with the S-warpgroup kernels, an even head count, twice
+/// the batch within one wave of SMs, and at most
+/// [`crate::attention::head_halves_max_tiles`] key tiles a sequence. No merge then: each block
+/// writes its heads' outputs; the two blocks read the same key rows (the second mostly from L2).
+pub(crate) fn head_halves(stream: &Stream, shape: DecodeAttnShape) -> bool {
+    let be = backend(stream);
+    let tiles = shape.max_keys.div_ceil(crate::attention::CUDA_KEY_TILE).max(1);
+    be.is_sm90()
+        && crate::attention::wgmma()
+        && crate::attention::s_warpgroup()
+        && shape.heads >= 2
+        && shape.heads.is_multiple_of(2)
+        && 2 * shape.batch <= be.sm_count()
+        && tiles <= crate::attention::head_halves_max_tiles()
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode(
     stream: &Stream,
@@ -69,8 +87,17 @@ pub(crate) fn attention_decode(
 ) -> Result<()> {
     let s = stream.cuda_stream("attention_decode", "q")?;
     let be = backend(stream);
-    let (splits, per) = decode_splits(shape);
-    let (module, kernel) = decode_kernel(stream, splits, per, shape.batch);
+    let halves = head_halves(stream, shape);
+    let (splits, per) = if halves {
+        (1, shape.max_keys.div_ceil(crate::attention::CUDA_KEY_TILE).max(1))
+    } else {
+        decode_splits(shape)
+    };
+    let (module, kernel) =
+        if halves { ("attention_sm90", "di_attn_decode_sp") } else { decode_kernel(stream, splits, per, shape.batch) };
+    // With head halves the kernel sees twice the sequences of half the heads: q and out as [2 batch,
+    // heads / 2, 512] (the same bytes), block b taking sequence b / 2's heads (b % 2) * heads / 2..
+    let (grid_seqs, grid_heads) = if halves { (2 * shape.batch, shape.heads / 2) } else { (shape.batch, shape.heads) };
     let (threads, smem) = match kernel {
         "di_attn_decode_sp_c2" | "di_attn_decode_sp" => (512, ATTN_SP_SMEM),
         _ if module == "attention_sm90" => (384, ATTN_WG_SMEM),
@@ -92,8 +119,7 @@ pub(crate) fn attention_decode(
     };
     // The one-split wgmma kernel is persistent: a block per SM at most, each looping over sequences
     // (prefill: 32k one-query sequences), its next sequence's loads under the current one's math.
-    let blocks =
-        if kernel == "di_attn_decode_wg" && splits == 1 { shape.batch.min(be.sm_count()) } else { shape.batch };
+    let blocks = if kernel == "di_attn_decode_wg" && splits == 1 { shape.batch.min(be.sm_count()) } else { grid_seqs };
     let cfg = LaunchConfig { grid_dim: (blocks.max(1), splits, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     // The wgmma kernels' TMA maps, (q, out, kv): q and out as bytes [batch, heads, 1024] in boxes of
     // 64 heads x 128 bytes (heads past the count read as zeros, and are not written into the next
@@ -104,7 +130,8 @@ pub(crate) fn attention_decode(
     let maps = if module == "attention_sm90" {
         let row = 2 * d as u64;
         let per_seq = |ptr: cudarc::driver::sys::CUdeviceptr| {
-            super::wgmma::tma_map_bytes_3d_128(ptr, [row, h as u64, b as u64], [row, row * h as u64], (128, 64))
+            let (b, h) = (grid_seqs as u64, grid_heads as u64);
+            super::wgmma::tma_map_bytes_3d_128(ptr, [row, h, b], [row, row * h], (128, 64))
         };
         Some((
             per_seq(q.cuda().device_ptr(s).0)?,
@@ -124,7 +151,8 @@ pub(crate) fn attention_decode(
             // The kernels' flags word (kFlag* in attention_sm90.cu).
             let mut flags = u32::from(crate::attention::tma_runs())
                 | u32::from(crate::attention::merge_f32()) << 1
-                | u32::from(pdl) << 2;
+                | u32::from(pdl) << 2
+                | u32::from(halves) << 3;
             let (mut q_ptr, _q_sync) = q.cuda().device_ptr(s);
             let (mut kv_ptr, _kv_sync) = kv.cuda().device_ptr(s);
             let (mut rows_ptr, _rows_sync) = key_rows.cuda().device_ptr(s);
@@ -141,7 +169,7 @@ pub(crate) fn attention_decode(
             };
             let (mut status_ptr, _status_sync) = status.cuda_mut().device_ptr_mut(s);
             let (mut heads, mut max_keys, mut pool_rows, mut per, mut scale, mut seqs) =
-                (shape.heads, shape.max_keys, pool_rows, per, scale, shape.batch);
+                (grid_heads, shape.max_keys, pool_rows, per, scale, grid_seqs);
             let mut args: [*mut std::ffi::c_void; 19] = [
                 (&mut q_ptr as *mut sys::CUdeviceptr).cast(),
                 (&mut kv_ptr as *mut sys::CUdeviceptr).cast(),
@@ -174,7 +202,11 @@ pub(crate) fn attention_decode(
             // layout; the op checked q/out [batch, heads, 512], key_rows [batch, max_keys],
             // key_counts [batch], sink [heads], heads <= 64; the kernels clamp counts to max_keys
             // and skip rows outside the pool's pool_rows rows; the _c2 kernels' clusters are
-            // declared in the kernel (__cluster_dims__), and the grid's y is their two splits.
+            // declared in the kernel (__cluster_dims__), and the grid's y is their two splits. With
+            // head halves (flag 8, di_attn_decode_sp only) heads and seqs are grid_heads = heads / 2
+            // and grid_seqs = 2 batch, the maps cover q and out as those [2 batch, heads / 2] rows
+            // (the same bytes), and block b reads key_rows and key_counts of sequence b / 2 and
+            // sink from (b % 2) heads / 2: all within the checked lengths.
             unsafe { be.launch_ex(s, &f, cfg, pdl, &mut args) }?;
         }
         None => {
