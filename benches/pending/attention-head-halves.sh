@@ -16,6 +16,10 @@
 #   against the merge it saves).
 # - 10 and 18 tiles (CSA, HCA 128k): halves behind (S-bound like one split: 0.31 against 0.46-0.52).
 # If so, the default becomes `set_head_halves_max_tiles(3)` (or the measured crossover).
+# Also "/shalf" rows (`set_s_half_first`): the S warpgroup starts S on a tile's dims 0..255 before
+# dims 256..511 have landed. Predicted +1-3% for the S-warpgroup kernels (the last tile's chain
+# shortens by ~half of S, ~500 cycles; each stage is freed that much sooner), nothing elsewhere.
+# The decode test checks that it gives the same bits.
 #
 # Build (this machine): cargo xtask kernels && cargo xtask gpu-bundle --only gpu_attention,gpu_parity,gpu_moe
 #   cp benches/pending/attention-head-halves.sh target/gpu-bundle/go.sh

@@ -188,7 +188,9 @@ __device__ __forceinline__ void tile_stats(float* st, float (&l_tot)[2], const f
 // launched with programmatic dependent launch (pdl_start); kFlagHeadHalves, the one-split S-warpgroup
 // kernel's grid covers each sequence twice, block b taking sequence b / 2's heads (b % 2) * heads..
 // + heads (the launch passes half the heads, and Q and out as [2 batch, heads / 2, 512]).
-constexpr uint32_t kFlagTmaRuns = 1, kFlagMergeF32 = 2, kFlagPdl = 4, kFlagHeadHalves = 8;
+// kFlagSHalfFirst, the S-warpgroup kernels' S starts on a tile's first half of dims before its
+// second half has landed (attn_decode_sp).
+constexpr uint32_t kFlagTmaRuns = 1, kFlagMergeF32 = 2, kFlagPdl = 4, kFlagHeadHalves = 8, kFlagSHalfFirst = 16;
 
 // Programmatic dependent launch (sm90.cuh): a block sets up its barriers and shared memory while
 // the grid before it in the stream still runs, waits for that grid here, before its first read of
@@ -878,11 +880,15 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
         float m_run[2], l_tot[2];
         sink_state(split == 0, rr, heads, sink, m_run, l_tot);
         const float scale2 = scale * kLog2e;
+        const bool half_first = (flags & kFlagSHalfFirst) != 0;
         for (uint32_t t = 0; t < tiles; ++t) {
             const uint32_t s = t % SP_STAGES, f = fill_of(t);
             const uint32_t stage_a = base_a + s * TILE;
+            // With kFlagSHalfFirst, S starts on the tile's dims 0..255 (half 0, which the gather
+            // loads first) while half 1 still lands: the last tile's chain, and each stage's hold,
+            // shorten by about half of S.
             mbar_wait(&full[2 * s], f & 1);
-            mbar_wait(&full[2 * s + 1], f & 1);
+            if (!half_first) mbar_wait(&full[2 * s + 1], f & 1);
             const uint32_t valid = tile_valid(idx + s * KT, lane);
             fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
             float sc[32];
@@ -891,7 +897,14 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             wgmma_fence_regs(sc);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < SP_QREG; ++kk)
+            for (int kk = 0; kk < 16; ++kk)
+                wgmma_rs_bf16<64>(sc, qa[kk], wgmma_desc_sw128(stage_a + (kk / 4) * CHUNK + (kk % 4) * 32));
+            if (half_first) {
+                mbar_wait(&full[2 * s + 1], f & 1);
+                fence_proxy_async_smem();
+            }
+#pragma unroll
+            for (int kk = 16; kk < SP_QREG; ++kk)
                 wgmma_rs_bf16<64>(sc, qa[kk], wgmma_desc_sw128(stage_a + (kk / 4) * CHUNK + (kk % 4) * 32));
 #pragma unroll
             for (int kk = SP_QREG; kk < 32; ++kk)

@@ -13,8 +13,8 @@
 //! sequence's heads as two blocks over all of its keys ("+halves") where the default splits keys.
 
 use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, set_head_halves_max_tiles, set_merge_f32,
-    set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
+    attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, s_half_first, set_head_halves_max_tiles,
+    set_merge_f32, set_s_half_first, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::ops;
 use deepinfer_kernels_ffi::testing::{
@@ -86,41 +86,53 @@ fn main() {
             // Two splits on the Hopper cluster kernels: the merge's partial as scaled f16 (the
             // default) and as fp32 ("/f32merge").
             let merges: &[bool] = if wgmma && decode_splits(shape).0 == 2 { &[false, true] } else { &[false] };
-            // The Hopper kernels' defaults also without programmatic dependent launch ("/nopdl"),
-            // and each sequence's heads as two blocks over all of its keys whatever its length
-            // ("+halves", `set_head_halves_max_tiles`), against the default's limit.
-            let default_halves = head_halves_max_tiles();
-            let configs = variants.iter().flat_map(|&t| {
-                kernels.iter().flat_map(move |&k| {
-                    merges.iter().flat_map(move |&m| {
-                        let pdls: &[bool] = if wgmma && t && k && !m { &[true, false] } else { &[true] };
-                        pdls.iter().flat_map(move |&p| {
-                            let halves: &[Option<u32>] =
-                                if wgmma && t && k && !m && p { &[None, Some(0), Some(u32::MAX)] } else { &[None] };
-                            halves.iter().map(move |&h| (t, k, m, p, h))
-                        })
-                    })
-                })
-            });
+            // The Hopper kernels' defaults also: without programmatic dependent launch ("/nopdl");
+            // each sequence's heads as two blocks over all of its keys whatever its length
+            // ("+halves", `set_head_halves_max_tiles`) and never; S on a tile's first half of dims
+            // before the second lands, switched from the default ("/shalf" on, "/noshalf" off).
+            let (default_halves, default_shalf) = (head_halves_max_tiles(), s_half_first());
+            // (tma, s_wg, f32_merge, pdl, head halves up to, S half first)
+            let mut configs = Vec::new();
+            for &t in variants {
+                for &k in kernels {
+                    for &m in merges {
+                        configs.push((t, k, m, true, default_halves, default_shalf));
+                        if wgmma && t && k && !m {
+                            configs.push((t, k, m, false, default_halves, default_shalf));
+                            configs.push((t, k, m, true, 0, default_shalf));
+                            configs.push((t, k, m, true, u32::MAX, default_shalf));
+                            configs.push((t, k, m, true, default_halves, !default_shalf));
+                        }
+                    }
+                }
+            }
             let mut seen = Vec::new();
-            for (tma, s_wg, f32_merge, pdl, halves) in configs {
+            for (tma, s_wg, f32_merge, pdl, halves, shalf) in configs {
                 set_tma_runs(tma);
                 set_s_warpgroup(s_wg);
                 set_merge_f32(f32_merge);
                 ops::set_pdl(pdl);
-                set_head_halves_max_tiles(halves.unwrap_or(default_halves));
+                set_head_halves_max_tiles(halves);
+                set_s_half_first(shalf);
                 let kernel = cuda_kernel(&s, shape).unwrap_or_default();
-                // A forced setting that picks what another row already ran is not run again.
-                let key = (tma, s_wg, f32_merge, pdl, kernel);
+                // A setting the kernel ignores, or a forced one that picks what another row already
+                // ran, is not run again.
+                let shalf = shalf && kernel.starts_with("di_attn_decode_sp");
+                let key = (tma, s_wg, f32_merge, pdl, kernel, shalf);
                 if seen.contains(&key) {
                     continue;
                 }
                 seen.push(key);
                 let kernel = format!(
-                    "{kernel}{}{}{}",
+                    "{kernel}{}{}{}{}",
                     if tma { "" } else { "/gather" },
                     if f32_merge { "/f32merge" } else { "" },
-                    if pdl { "" } else { "/nopdl" }
+                    if pdl { "" } else { "/nopdl" },
+                    match (shalf == default_shalf, shalf) {
+                        (true, _) => "",
+                        (false, true) => "/shalf",
+                        (false, false) => "/noshalf",
+                    }
                 );
                 attention_decode(&s, &qb, &pools[0], &rb, &cb, &sb, &mut out, &mut st, shape, scale).unwrap();
                 // Check sequence 0 against the CPU.
@@ -213,6 +225,7 @@ fn main() {
             set_merge_f32(false);
             ops::set_pdl(true);
             set_head_halves_max_tiles(default_halves);
+            set_s_half_first(default_shalf);
         }
         set_wgmma(true);
         drop(pools);

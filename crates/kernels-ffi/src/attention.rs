@@ -78,6 +78,20 @@ pub fn s_warpgroup() -> bool {
     S_WARPGROUP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static S_HALF_FIRST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the Hopper S-warpgroup decode kernels start S on a key tile's first 256 dims before its
+/// second half has landed (off by default until measured): a process-wide switch for A/B
+/// benchmarks and tests; the results are the same bits either way (the same MMAs in the same order).
+pub fn set_s_half_first(on: bool) {
+    S_HALF_FIRST.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_s_half_first`] sets.
+pub fn s_half_first() -> bool {
+    S_HALF_FIRST.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 static HEAD_HALVES_MAX_TILES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Up to how many key tiles ([`CUDA_KEY_TILE`] keys) a sequence may have for Hopper decode to run

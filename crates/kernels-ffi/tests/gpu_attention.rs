@@ -13,8 +13,9 @@
 //! ‖·‖ ~ 5e-4); a bf16 partial measured ~1.8e-3 (`benches/results/2026-12-01-attention-merge-ab`).
 
 use deepinfer_kernels_ffi::attention::{
-    attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, merge_f32, set_head_halves_max_tiles,
-    set_merge_f32, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
+    attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, merge_f32, s_half_first,
+    set_head_halves_max_tiles, set_merge_f32, set_s_half_first, set_s_warpgroup, set_tma_runs, set_wgmma,
+    DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::testing::{
     cuda_device_or_skip, fresh_seed, paged_key_rows, rel_err, switch_kernels, SplitMix,
@@ -111,6 +112,14 @@ fn gpu_attention_decode_matches_cpu() {
             check_decode(&gpu, &cpu, kernel, &c0);
             // On sm_90 with one or two splits: the turn-taking kernel too.
             if kernel.starts_with("di_attn_decode_sp") {
+                // S on a tile's first half of dims before the second lands, switched from the
+                // default: the same MMAs in the same order, so the same bits.
+                let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let base = run(&gpu, &c0).0;
+                set_s_half_first(!s_half_first());
+                let flipped = run(&gpu, &c0).0;
+                set_s_half_first(!s_half_first());
+                assert_eq!(bits(base), bits(flipped), "{kernel}: S half first changed the bits");
                 set_s_warpgroup(false);
                 check_decode(&gpu, &cpu, cuda_kernel(&gpu, c0.shape).unwrap_or_default(), &c0);
                 set_s_warpgroup(true);

@@ -152,7 +152,8 @@ pub(crate) fn attention_decode(
             let mut flags = u32::from(crate::attention::tma_runs())
                 | u32::from(crate::attention::merge_f32()) << 1
                 | u32::from(pdl) << 2
-                | u32::from(halves) << 3;
+                | u32::from(halves) << 3
+                | u32::from(crate::attention::s_half_first()) << 4;
             let (mut q_ptr, _q_sync) = q.cuda().device_ptr(s);
             let (mut kv_ptr, _kv_sync) = kv.cuda().device_ptr(s);
             let (mut rows_ptr, _rows_sync) = key_rows.cuda().device_ptr(s);
