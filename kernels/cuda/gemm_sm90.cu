@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "cpasync.cuh"
 #include "lowp.cuh"
 #include "sm90.cuh"
 
@@ -788,13 +789,43 @@ __device__ __forceinline__ void zero_x_rows(uint32_t m, uint32_t cnt, uint8_t* x
     }
 }
 
+// x already quantised (xq e4m3 [m, k], sx [m, k / 128], as di_quantize_x_e4m3 writes them: the
+// codes and scales quantize_x_slice would make), rows t < m, k blocks 0 .. cnt, copied into xs in
+// the same swizzled layout (cp.async, 16 bytes a thread of warps 1-7 in turn, w = 0..6) and their
+// scales into sxs[j * N + t]: no rounding on the path from the wait to the first MMA, and half the
+// bytes. The copies are waited for here. With `signal`, as quantize_x_slice: each warp arrives at
+// barrier 3 once its copies are issued.
+template <int N>
+__device__ __forceinline__ void copy_x_fp8(const uint8_t* __restrict__ xq, const float* __restrict__ sx, uint32_t m,
+                                           uint32_t k, uint32_t cnt, uint8_t* xs, float* sxs, uint32_t w, int lane,
+                                           bool signal) {
+    const uint32_t units = m * cnt * 8, nk = k / 128;
+    const float inv_m = 1.f / static_cast<float>(m);
+    for (uint32_t u = w * 32 + lane; u < units; u += 7 * 32) {
+        // unit = (task, chunk c), task = (block j, row t) = (task / m, task % m) as quantize_x_slice.
+        const uint32_t task = u / 8, c = u % 8;
+        const DivSmall jt = div_small(task, m, inv_m);
+        const uint32_t t = jt.r, j = jt.q;
+        cp_async16(xs + j * N * 128 + t * 128 + ((c ^ (t & 7)) * 16), xq + static_cast<size_t>(t) * k + j * 128 + c * 16, true);
+    }
+    cp_async_commit();
+    if (signal) named_barrier_arrive(3, 256);
+    for (uint32_t task = w * 32 + lane; task < m * cnt; task += 7 * 32) {
+        const DivSmall jt = div_small(task, m, inv_m);
+        sxs[jt.q * N + jt.r] = sx[static_cast<size_t>(jt.r) * nk + jt.q];
+    }
+    cp_async_wait_all();
+}
+
 // N: tokens a block multiplies (8 or 16, m <= N). per: k blocks a split (gridDim.y splits).
+// xq, sx: null (x bf16, quantised here), or x already quantised (x unused).
 template <int N>
 __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bfloat16* __restrict__ x,
                                             const uint8_t* __restrict__ sw, __nv_bfloat16* __restrict__ y,
                                             float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,
                                             uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl,
-                                            uint32_t pre, uint32_t cluster) {
+                                            uint32_t pre, uint32_t cluster, const uint8_t* __restrict__ xq,
+                                            const float* __restrict__ sx) {
     extern __shared__ uint8_t smem_raw[];
     __shared__ uint32_t last_split;
     pdl_trigger(pdl);
@@ -845,7 +876,10 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
         }
         zero_x_rows<N>(m, cnt, xs, sxs, warp - 1, lane);
         pdl_wait();
-        quantize_x_slice<N>(x + j0 * 128, m, k, cnt, xs, sxs, warp - 1, lane, split_issue);
+        if (sx != nullptr)
+            copy_x_fp8<N>(xq + j0 * 128, sx + j0, m, k, cnt, xs, sxs, warp - 1, lane, split_issue);
+        else
+            quantize_x_slice<N>(x + j0 * 128, m, k, cnt, xs, sxs, warp - 1, lane, split_issue);
         fence_proxy_async_smem();
         named_barrier(1, 224);  // warps 1-7: x is in place
 
@@ -970,7 +1004,7 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 #endif
 
 #if DI_SM90
-#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl, pre, cluster)
+#define DI_DEC_BODY(N) decode_body<N>(map_w, x, sw, y, part, counters, m, n, k, stages, per, pdl, pre, cluster, xq, sx)
 #else
 #define DI_DEC_BODY(N) __trap()
 #endif
@@ -983,12 +1017,13 @@ __device__ __forceinline__ void decode_body(const DiTmaMap& map_w, const __nv_bf
 // cluster == 1: part [splits, m, n] fp32 scratch and counters [ceil(n / 128)] zeros (left zero).
 // pdl: launched with programmatic dependent launch (pdl_trigger). pre: W tiles issued before the
 // wait for the grid before (all of them when >= the block's k blocks; else the rest once x's loads
-// are issued).
+// are issued). xq, sx: null, or x already quantised (e4m3 [m, k] and [m, k / 128] scales; x unused).
 #define DI_GEMM_FP8_DEC(N)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) di_gemm_fp8_dec_n##N(                                  \
         const __grid_constant__ DiTmaMap map_w, const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ sw, \
         __nv_bfloat16* __restrict__ y, float* __restrict__ part, uint32_t* __restrict__ counters, uint32_t m,      \
-        uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl, uint32_t pre, uint32_t cluster) {    \
+        uint32_t n, uint32_t k, uint32_t stages, uint32_t per, uint32_t pdl, uint32_t pre, uint32_t cluster,      \
+        const uint8_t* __restrict__ xq, const float* __restrict__ sx) {                                           \
         DI_DEC_BODY(N);                                                                                          \
     }
 

@@ -192,6 +192,8 @@ enum Mode {
     Plain,
     Packed,
     Fp4Quantized,
+    /// FP8 weights and x already quantised to FP8 (`gemm_fp8_act`).
+    Fp8Act,
 }
 
 /// Weight bytes / 4.3 TB/s: the floor issue #7 sets for decode GEMMs.
@@ -242,18 +244,6 @@ fn gemm_case(
     let packed = mode == Mode::Packed;
     let quantize = f == ops::WeightFormat::Fp8Block128 || mode == Mode::Fp4Quantized;
     let p = GemmParams::new(m, n as u32, k as u32, quantize);
-    // The packed decode layout (FP8 only): the same weights rearranged, through gemm_fp8_packed.
-    let run = |s: &Stream,
-               x: &DeviceBuffer<bf16>,
-               w: &DeviceBuffer<u8>,
-               sc: &DeviceBuffer<u8>,
-               y: &mut DeviceBuffer<bf16>| {
-        if packed {
-            ops::gemm_fp8_packed(s, x, w, sc, y, &p).unwrap()
-        } else {
-            ops::gemm_lowp(s, f, x, w, sc, y, &p).unwrap()
-        }
-    };
     let kernel = if packed {
         format!("di_gemm_fp8q_packed_n{}", if m <= 8 { 8 } else { 16 })
     } else {
@@ -269,6 +259,11 @@ fn gemm_case(
             _ => name,
         }
     };
+    let kernel = match mode {
+        Mode::Fp8Act if ops::fp8_dec_act() || !kernel.starts_with("di_gemm_fp8_dec") => format!("{kernel}/fp8x"),
+        Mode::Fp8Act => format!("{kernel}/fp8x/requant"),
+        _ => kernel,
+    };
     let (wb, sb) = f.bytes(n, k);
     let w: Vec<u8> = (0..wb).map(|_| deepinfer_kernels_ffi::quant::random_e4m3(rng.next_u64())).collect();
     let sc: Vec<u8> = (0..sb).map(|_| 120 + (rng.next_u64() % 6) as u8).collect();
@@ -278,6 +273,28 @@ fn gemm_case(
     let ws: Vec<_> = (0..copies).map(|_| s.upload(&wdev).unwrap()).collect();
     let scb = s.upload(&sc).unwrap();
     let xb = s.upload(&x).unwrap();
+    // FP8 activations (`Mode::Fp8Act`): x quantised once, outside the timing (as a producer that
+    // fuses the quantisation writes it), then gemm_fp8_act.
+    let xq = (mode == Mode::Fp8Act).then(|| {
+        let mut xq = s.zeros::<u8>(m as usize * k).unwrap();
+        let mut sx = s.zeros::<f32>(m as usize * k / 128).unwrap();
+        ops::quantize_act_fp8(s, &xb, &mut xq, &mut sx, m, k as u32).unwrap();
+        (xq, sx)
+    });
+    // The packed decode layout (FP8 only): the same weights rearranged, through gemm_fp8_packed.
+    let run = |s: &Stream,
+               x: &DeviceBuffer<bf16>,
+               w: &DeviceBuffer<u8>,
+               sc: &DeviceBuffer<u8>,
+               y: &mut DeviceBuffer<bf16>| {
+        if packed {
+            ops::gemm_fp8_packed(s, x, w, sc, y, &p).unwrap()
+        } else if let Some((xq, sx)) = &xq {
+            ops::gemm_fp8_act(s, xq, sx, w, sc, y, &p).unwrap()
+        } else {
+            ops::gemm_lowp(s, f, x, w, sc, y, &p).unwrap()
+        }
+    };
     let mut y = s.upload(&to::<bf16>(&vec![f32::NAN; m as usize * n])).unwrap();
     run(s, &xb, &ws[0], &scb, &mut y);
     let got: Vec<f32> = s.download(&y).unwrap().iter().map(|v| v.to_f32()).collect();
@@ -341,7 +358,7 @@ fn gemm_case(
         ms_bf16 / ms
     );
     serde_json::json!({"op": "gemm_lowp", "weights": what, "format": format!("{f:?}"), "m": m, "n": n, "k": k,
-        "kernel": kernel, "packed": packed,
+        "kernel": kernel, "packed": packed, "fp8_activations": mode == Mode::Fp8Act,
         "quantize_x": p.quantize_x != 0, "weight_and_scale_bytes": wb + sb, "median_ms": ms, "floor_ms": floor_ms,
         "achieved_over_floor": floor_ms / ms, "gpu_queued_ms": ms_queued, "gpu_queued_achieved_over_floor": floor_ms / ms_queued,
         "cublaslt_bf16_ms": ms_bf16, "cublaslt_bf16_achieved_over_floor": floor_bf16 / ms_bf16,
@@ -561,6 +578,15 @@ fn main() {
             }
             results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Plain));
             if f == Fp8Block128 {
+                // x already FP8 (quantised by the op before, as the engine's norms would write it):
+                // the decode kernel copying the codes in ("/fp8x"), and dequantised for gemm_lowp
+                // ("/fp8x/requant", the route before).
+                let default_act = ops::fp8_dec_act();
+                ops::set_fp8_dec_act(true);
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Fp8Act));
+                ops::set_fp8_dec_act(false);
+                results.push(gemm_case(&s, &mut rng, f, what, m, n, k, Mode::Fp8Act));
+                ops::set_fp8_dec_act(default_act);
                 // On a Hopper the default above may be the wgmma decode kernel; then the mma.sync
                 // kernel (when that was not the default), its packed layout, and the earlier
                 // kernels (bf16 expansion of the weights).

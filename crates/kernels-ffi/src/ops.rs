@@ -332,7 +332,8 @@ pub fn quantize_act_fp8(
 /// quantised to FP8 (`xq` e4m3 [m, k], `sx` [m, k / 128], as [`quantize_act_fp8`] or a producer
 /// that fuses it write them): the product [`gemm_lowp`] forms with `quantize_x`, without its
 /// quantisation pass (`p.quantize_x` is not read). On an sm_90 GPU with more than 32 rows the wgmma
-/// kernels read xq and sx directly; other GPU shapes dequantise x into bf16 (exact) and run
+/// kernels read xq and sx directly, and so does the decode kernel (up to 16 rows) where
+/// [`set_fp8_dec_act`] is on; other GPU shapes dequantise x into bf16 (exact) and run
 /// [`gemm_lowp`] with `quantize_x` (so the FP8-activation decode kernels take them), whose
 /// rounding leaves those values unchanged ([`crate::quant::fp8_round_trip`] is idempotent); the
 /// CPU multiplies the dequantised values as they are.
@@ -615,6 +616,22 @@ pub fn set_fp8_dec_cluster(on: bool) {
 /// The value [`set_fp8_dec_cluster`] set.
 pub fn fp8_dec_cluster() -> bool {
     FP8_DEC_CLUSTER.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static FP8_DEC_ACT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether [`gemm_fp8_act`] with up to 16 rows on a Hopper GPU runs the decode kernel on the codes
+/// and scales as they are (`di_gemm_fp8_dec_n*` copying them in: no rounding before its first MMA,
+/// half the bytes of bf16 x) instead of dequantising x to bf16 for [`gemm_lowp`], whose kernel
+/// rounds it back to the same codes (off by default until measured): a process-wide switch for A/B
+/// benchmarks and tests; the results are the same bits either way.
+pub fn set_fp8_dec_act(on: bool) {
+    FP8_DEC_ACT.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_fp8_dec_act`] sets.
+pub fn fp8_dec_act() -> bool {
+    FP8_DEC_ACT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 static FP4_DEC_PRE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

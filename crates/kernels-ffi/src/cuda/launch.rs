@@ -361,10 +361,16 @@ pub(crate) fn gemm_fp8_act(
 ) -> Result<()> {
     let be = backend(stream);
     let hopper = be.hopper_sms();
-    if let Some(HopperFp8::Prefill { .. }) =
-        hopper_fp8(hopper, crate::ops::WeightFormat::Fp8Block128, p.m, p.n, p.k, true)
-    {
-        return super::wgmma::gemm_fp8_wgmma_run(stream, xq.cuda(), sx.cuda(), w, scale, y, p);
+    match hopper_fp8(hopper, crate::ops::WeightFormat::Fp8Block128, p.m, p.n, p.k, true) {
+        Some(HopperFp8::Prefill { .. }) => {
+            return super::wgmma::gemm_fp8_wgmma_run(stream, xq.cuda(), sx.cuda(), w, scale, y, p)
+        }
+        // The decode kernel copies the codes and scales as they are (no rounding before its
+        // first MMA), unless switched off for an A/B (`ops::set_fp8_dec_act`).
+        Some(HopperFp8::Decode(plan)) if crate::ops::fp8_dec_act() => {
+            return super::wgmma::gemm_fp8_dec_launch(stream, super::wgmma::DecX::Fp8(xq, sx), w, scale, y, p, plan)
+        }
+        _ => {}
     }
     let s = stream.cuda_stream("gemm_fp8_act", "xq")?;
     let (m, k) = (p.m as usize, p.k as usize);
@@ -828,7 +834,9 @@ pub(crate) fn gemm_lowp(
     let be = backend(stream);
     match hopper_fp8(be.hopper_sms(), format, p.m, p.n, p.k, p.quantize_x != 0) {
         Some(HopperFp8::Prefill { .. }) => return super::wgmma::gemm_fp8_wgmma_launch(stream, x, w, scale, y, p),
-        Some(HopperFp8::Decode(plan)) => return super::wgmma::gemm_fp8_dec_launch(stream, x, w, scale, y, p, plan),
+        Some(HopperFp8::Decode(plan)) => {
+            return super::wgmma::gemm_fp8_dec_launch(stream, super::wgmma::DecX::Bf16(x), w, scale, y, p, plan)
+        }
         None => {}
     }
     if uses_fp8_mma_decode(format, p.m, p.n, p.k, p.quantize_x != 0) {

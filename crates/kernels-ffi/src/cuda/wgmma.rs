@@ -666,14 +666,23 @@ pub(crate) fn dec_cluster(be: &super::CudaBackend, f: &CudaFunction, cfg: Launch
     Ok(if room >= rb { splits } else { 1 })
 }
 
+/// The Hopper decode GEMM's x: bf16 (the blocks quantise it to e4m3 with 1x128 scales) or already
+/// quantised so (codes [m, k], scales [m, k / 128]: `gemm_fp8_act`), which the blocks copy as is.
+#[derive(Clone, Copy)]
+pub(crate) enum DecX<'a> {
+    Bf16(&'a DeviceBuffer<half::bf16>),
+    Fp8(&'a DeviceBuffer<u8>, &'a DeviceBuffer<f32>),
+}
+
 /// y = x · Wᵀ with FP8 weights and m <= 16 on the Hopper decode kernel (`dec_plan`): one launch;
-/// the blocks quantise x themselves, and with several splits add their partials inside the launch
-/// (`dec_cluster`: in the cluster's shared memory, or through the stream's split scratch). Launched
-/// with programmatic dependent launch unless switched off ([`crate::ops::set_pdl`]). The caller
-/// checked x [m, k], w [n, k], scale, y [m, n] and that the GPU is sm_90 with `plan` from `dec_plan`.
+/// the blocks quantise x themselves (or copy it already quantised: [`DecX`]), and with several
+/// splits add their partials inside the launch (`dec_cluster`: in the cluster's shared memory, or
+/// through the stream's split scratch). Launched with programmatic dependent launch unless switched
+/// off ([`crate::ops::set_pdl`]). The caller checked x [m, k] (or its codes [m, k] and scales [m, k
+/// / 128]), w [n, k], scale, y [m, n] and that the GPU is sm_90 with `plan` from `dec_plan`.
 pub(crate) fn gemm_fp8_dec_launch(
     stream: &Stream,
-    x: &DeviceBuffer<half::bf16>,
+    x: DecX<'_>,
     w: &DeviceBuffer<u8>,
     scale: &DeviceBuffer<u8>,
     y: &mut DeviceBuffer<half::bf16>,
@@ -688,14 +697,25 @@ pub(crate) fn gemm_fp8_dec_launch(
     let mut map_w = tma_map_bytes_128(w_ptr, p.n as u64, p.k as u64, 128)?;
     let rb = cfg.grid_dim.0;
     let mut launch = |part: sys::CUdeviceptr, counters: sys::CUdeviceptr| -> Result<()> {
-        let (mut x_ptr, _x_sync) = x.cuda().device_ptr(s);
+        // (x, xq, sx): one of the two forms, the other's pointers null.
+        let ((mut x_ptr, _x_sync), (mut xq_ptr, _xq_sync), (mut sx_ptr, _sx_sync)) = match x {
+            DecX::Bf16(x) => {
+                let (p, p_sync) = x.cuda().device_ptr(s);
+                ((p, Some(p_sync)), (0, None), (0, None))
+            }
+            DecX::Fp8(xq, sx) => {
+                let (q, q_sync) = xq.cuda().device_ptr(s);
+                let (c, c_sync) = sx.cuda().device_ptr(s);
+                ((0, None), (q, Some(q_sync)), (c, Some(c_sync)))
+            }
+        };
         let (mut s_ptr, _s_sync) = scale.cuda().device_ptr(s);
         let (mut y_ptr, _y_sync) = y.cuda_mut().device_ptr_mut(s);
         let (mut part, mut counters) = (part, counters);
         let (mut m, mut n, mut k, mut stages, mut per) = (p.m, p.n, p.k, plan.stages, plan.per);
         let pdl = be.pdl_for(s, crate::ops::pdl());
         let (mut pdl_arg, mut pre, mut split_cluster) = (pdl as u32, plan.pre, cluster);
-        let mut args: [*mut std::ffi::c_void; 14] = [
+        let mut args: [*mut std::ffi::c_void; 16] = [
             (&mut map_w as *mut TmaMap).cast(),
             (&mut x_ptr as *mut sys::CUdeviceptr).cast(),
             (&mut s_ptr as *mut sys::CUdeviceptr).cast(),
@@ -710,11 +730,14 @@ pub(crate) fn gemm_fp8_dec_launch(
             (&mut pdl_arg as *mut u32).cast(),
             (&mut pre as *mut u32).cast(),
             (&mut split_cluster as *mut u32).cast(),
+            (&mut xq_ptr as *mut sys::CUdeviceptr).cast(),
+            (&mut sx_ptr as *mut sys::CUdeviceptr).cast(),
         ];
         // SAFETY: di_gemm_fp8_dec_n* take (map_w, x, sw, y, part, counters, m, n, k, stages, per,
-        // pdl, pre, cluster), in this order and these types; the map describes w [n, k] bytes
-        // (alive until queued: its sync guard); x [m, k] bf16, scale [ceil(n / 128), k / 128] and
-        // y [m, n] were checked by the op; m <= tokens, k % 128 == 0, n % 16 == 0; the grid is
+        // pdl, pre, cluster, xq, sx), in this order and these types; the map describes w [n, k]
+        // bytes (alive until queued: its sync guard); x [m, k] bf16 with xq and sx null, or x null
+        // with xq [m, k] e4m3 and sx [m, k / 128], scale [ceil(n / 128), k / 128] and y [m, n]
+        // were checked by the op; m <= tokens, k % 128 == 0, n % 16 == 0; the grid is
         // (row blocks, splits) with splits = ceil(k / 128 / per), in clusters (`dec_cluster`) of
         // all the splits along y or none; the shared memory holds `stages` tiles plus x, its
         // scales and the outputs (dec_plan's formula); with several splits and no cluster, the

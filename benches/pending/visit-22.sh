@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pending visit (written in the twenty-second session, when no GPU was lent; not yet run).
 #
-# What it measures: decode attention with each sequence's heads as two blocks over all of its keys
+# Part 1, issue #8. What it measures: decode attention with each sequence's heads as two blocks over all of its keys
 # ("+halves": `set_head_halves_max_tiles`, kernel flag kFlagHeadHalves on di_attn_decode_sp) against
 # the default two key splits merged in a cluster, at batch 64 for 2, 3, 4, 6, 10 and 18 key tiles,
 # two rounds; and the GPU tests that the last two sessions' changes have not yet passed on a GPU:
@@ -21,8 +21,19 @@
 # shortens by ~half of S, ~500 cycles; each stage is freed that much sooner), nothing elsewhere.
 # The decode test checks that it gives the same bits.
 #
-# Build (this machine): cargo xtask kernels && cargo xtask gpu-bundle --only gpu_attention,gpu_parity,gpu_moe
-#   cp benches/pending/attention-head-halves.sh target/gpu-bundle/go.sh
+# Part 2, issue #7: the FP8 decode GEMMs on x already quantised ("/fp8x": `gemm_fp8_act` with
+# `set_fp8_dec_act`, the decode kernel copying the e4m3 codes and scales in instead of rounding bf16
+# x after its wait; "/fp8x/requant": the route before, x dequantised for gemm_lowp), beside the
+# default rows (bf16 x), at m = 1, 4, 16 for every FP8 weight. gpu_parity's
+# gpu_gemm_fp8_act_matches_gemm_lowp checks the same bits both ways.
+# Predicted: /fp8x against the bf16-x row of the same weight and m, GPU-queued: wq_b +3-8% at m = 16
+# (the x rounding, ~85 instructions an x block, and half the x bytes leave the path from the wait
+# to the first MMA: 0.654 -> ~0.70 on the H200), +0-3% at m = 1 and 4; the k-split W (wo_b, w1,
+# w13, wq_a) +2-6% at 4 and 16 tokens; /fp8x/requant behind both (a second launch). If so, the
+# switch goes on by default, and the engine's norms should write FP8 x.
+#
+# Build (this machine): cargo xtask kernels && cargo xtask gpu-bundle --only gpu_attention,gpu_parity,gpu_moe,gpu_ops
+#   cp benches/pending/visit-22.sh target/gpu-bundle/go.sh
 # Device call: carry ["target/gpu-bundle"], command `bash target/gpu-bundle/go.sh "$OUT"` (the three
 #   large model files moved out of the tree first: the tree and the bundle must stay under 64 MiB).
 set -u
@@ -64,4 +75,10 @@ for n in 1 2; do
     | sed -E 's/.*(di_attn_decode_[a-z0-9_+]+) +([A-Za-z]+ [^ ]+).*achieved.floor ([0-9.]+).*graph ([0-9.]+) ms +([0-9.]+).*/\1 \2 \3 graph \5/'
   save
 done
+SECONDS=0
+DEEPINFER_BENCH_ONLY="gemm attn.,gemm shared_experts." DEEPINFER_BENCH_JSON="$r/ops.json" timeout 240 \
+  "$here/benches/deepinfer-kernels-ffi-gpu_ops" --bench > "$r/ops.log" 2>&1
+echo "== gpu_ops ${SECONDS}s"
+grep -E "^gemm " "$r/ops.log" | sed 's/Fp8Block128//; s/ median.*GPU-queued/ q/; s/without PDL[^;]*;//; s/|.*//' | cut -c1-150
+save
 echo done
