@@ -2,7 +2,9 @@
 # Pending visit (written in the twenty-second session, when no GPU was lent; not yet run).
 #
 # Part 1, issue #8. What it measures: decode attention with each sequence's heads as two blocks over all of its keys
-# ("+halves": `set_head_halves_max_tiles`, kernel flag kFlagHeadHalves on di_attn_decode_sp) against
+# (`set_head_halves_max_tiles`: "di_attn_decode_hs", the new kernel with S and P V transposed so
+# that 32 heads fill a wgmma; and "+halves", di_attn_decode_sp with kernel flag kFlagHeadHalves and
+# half of each S wgmma idle) against
 # the default two key splits merged in a cluster, at batch 64 for 2, 3, 4, 6, 10 and 18 key tiles,
 # two rounds; and the GPU tests that the last two sessions' changes have not yet passed on a GPU:
 # gpu_attention (f62780a's run_chained refactor, the halves checks in the decode and paged tests),
@@ -15,7 +17,13 @@
 # - 4-6 tiles: about even (the S warpgroup's chain, ~2000+ cycles a tile with half of M idle,
 #   against the merge it saves).
 # - 10 and 18 tiles (CSA, HCA 128k): halves behind (S-bound like one split: 0.31 against 0.46-0.52).
-# If so, the default becomes `set_head_halves_max_tiles(3)` (or the measured crossover).
+# - di_attn_decode_hs (written blind: the GPU tests check it against the CPU first; if they fail,
+#   the tests.log says where): no merge, no idle half of M, 2.5 key stages. Its two blocks of a
+#   sequence read the same rows, so L2 -> SM traffic doubles (the DRAM reads should not). Predicted
+#   ahead of the two-split default everywhere: +30-60% at 2-6 tiles, CSA 0.46 -> 0.55-0.65 and HCA
+#   128k 0.50 -> 0.55-0.65 on the H200 if L2 serves the second read at ~6 TB/s.
+# If so, the default becomes `set_head_halves_max_tiles(u32::MAX)` on hs (or up to the measured
+# crossover).
 # Also "/shalf" rows (`set_s_half_first`): the S warpgroup starts S on a tile's dims 0..255 before
 # dims 256..511 have landed. Predicted +1-3% for the S-warpgroup kernels (the last tile's chain
 # shortens by ~half of S, ~500 cycles; each stage is freed that much sooner), nothing elsewhere.

@@ -991,6 +991,336 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
     if (store_out(base + TILE + cw * 4 * CHUNK, o, fin, col_half * 256, b, map_out, rr, lane, wt, cw)) bulk_wait();
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Head halves, transposed (di_attn_decode_hs): block b is sequence b / 2's heads (b % 2) heads..
+// + heads (heads <= 32: the launch passes half the head count, and Q and out as [2 batch, heads,
+// 512]), over all of the sequence's keys. No split of the keys, so no merge, and twice the blocks
+// of a batch; the two blocks of a sequence read the same key rows (the second mostly from L2).
+// With 32 heads a wgmma's M = 64 would be half idle, so both products run transposed:
+//   S^T = K Q^T    wgmma m64n32k16: A = the key tile (64 keys x 512, K-major, as gathered),
+//                  B = Q (32 heads x 512, K-major, by TMA); the S warpgroup.
+//   softmax        per head over the keys, which are rows: a thread holds 2 keys x 8 heads; the
+//                  tile's max per head goes through shared memory between the four warps, the
+//                  sums stay per thread (a head's rescale factor is the same in every thread) and
+//                  are added up once at the end.
+//   O^T += V^T P^T wgmma m64n32k16 with A = the key tile read MN-major (dims are its rows) and B =
+//                  P (32 heads x 64 keys, K-major); P V warpgroup c owns dims 256c.. (four m64
+//                  blocks, 64 accumulators a thread).
+// The tiles come in halves (dims 0..255, 256..511) through five 32 KB slots, tile t's half h in
+// slot (2t + h) % 5 (two and a half tiles: Q takes the room of a third stage); half h is freed by
+// P V warpgroup h (S came before it). P is double-buffered, so S and the softmax of tile t + 1 run
+// while tile t's P V does. The gather warpgroup is attn_decode_sp's (key-list ring, page tiles by
+// TMA, lean row copies). Registers 24 / 168 / 160 / 160.
+constexpr int HS_HM = 32;                 // heads of a block
+constexpr int HS_QCHUNK = HS_HM * 128;    // 32 rows x 128 bytes: Q's 64 columns c
+constexpr int HS_SLOTS = 5;               // 32 KB half-tile slots
+constexpr int HS_HALF = 4 * CHUNK;        // a half tile: 4 column chunks of 64 rows
+constexpr int HS_P = HS_HM * 128;         // P: 32 heads x 64 keys bf16
+constexpr int HS_SMEM = 1024 + 8 * HS_QCHUNK + HS_SLOTS * HS_HALF + 2 * HS_P + 2 * HS_HM * 4 + 2 * 4 * HS_HM * 4 + HS_HM * 4 +
+                        3 * KT * 4 + SP_RING * 4 + (2 * HS_SLOTS + 6) * 8;
+static_assert(HS_SMEM == 210176, "attention.rs ATTN_HS_SMEM");
+
+__device__ __forceinline__ void attn_decode_hs(const __nv_bfloat16* __restrict__ kv, const int32_t* __restrict__ key_rows,
+                                               const int32_t* __restrict__ key_counts, const float* __restrict__ sink,
+                                               int32_t* __restrict__ status, uint32_t heads, uint32_t max_keys,
+                                               uint32_t pool_rows, float scale, uint32_t seqs, const DiTmaMap& map_out,
+                                               const DiTmaMap& map_kv, const DiTmaMap& map_q, uint32_t flags) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    uint8_t* q_s = base;                                            // Q: 8 chunks of 32 rows x 128 bytes
+    uint8_t* slots = q_s + 8 * HS_QCHUNK;                           // HS_SLOTS half tiles
+    uint8_t* p_s = slots + HS_SLOTS * HS_HALF;                      // [2] P
+    float* astat = reinterpret_cast<float*>(p_s + 2 * HS_P);        // [2][HS_HM] rescale factor per head
+    float* redm = astat + 2 * HS_HM;                                // [2][4 warps][HS_HM] tile max per head
+    float* fin = redm + 2 * 4 * HS_HM;                              // [HS_HM] 1 / sum per head
+    int32_t* idx = reinterpret_cast<int32_t*>(fin + HS_HM);         // [3][KT] pool rows of a tile
+    int32_t* ring = idx + 3 * KT;                                   // [2][SP_RING_TILES * KT] key-list entries
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + SP_RING);  // [HS_SLOTS]
+    uint64_t* empty = full + HS_SLOTS;                              // [HS_SLOTS]
+    uint64_t* pready = empty + HS_SLOTS;                            // [2] P and alpha of a tile in place
+    uint64_t* pfree = pready + 2;                                   // [2] both P V of that tile done
+    uint64_t* qfull = pfree + 2;                                    // Q landed
+    uint64_t* sdone = qfull + 1;                                    // the sums' reciprocals in fin
+    const uint32_t b = blockIdx.x;
+    if (b >= seqs) return;  // the grid's x is 2 batch: never taken
+    const uint32_t seq = b / 2;
+    sink += (b % 2) * heads;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < HS_SLOTS; ++i) {
+            mbar_init(&full[i], 129);  // every gather thread's cp.async arrival + thread 0's (rows, bytes)
+            mbar_init(&empty[i], 4);   // lane 0 of each warp of the P V warpgroup that frees the half
+        }
+        for (int i = 0; i < 2; ++i) {
+            mbar_init(&pready[i], 128);  // every thread of the S warpgroup
+            mbar_init(&pfree[i], 8);     // lane 0 of each P V warp
+        }
+        mbar_init(qfull, 1);
+        mbar_init(sdone, 128);
+        mbar_init_fence();
+        tma_prefetch_map(&map_kv);
+        tma_prefetch_map(&map_q);
+    }
+    __syncthreads();
+    pdl_start(flags);
+    const uint32_t count = min(static_cast<uint32_t>(max(key_counts[seq], 0)), max_keys);
+    const uint32_t tiles = (count + KT - 1) / KT;
+    auto slot_of = [&](uint32_t t, uint32_t h) { return slots + ((2 * t + h) % HS_SLOTS) * HS_HALF; };
+    const int wg = threadIdx.x / 128;
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, qd = lane % 4;
+    // A thread's heads in the m64n32 accumulator layout: column 8j + 2 qd + e is head hd(2j + e).
+    auto hd = [&](int i) { return 8 * (i / 2) + 2 * qd + (i % 2); };
+
+    if (wg == 0) {
+        setmaxnreg_dec<24>();
+        const uint32_t t = threadIdx.x;
+        if (t == 0) {
+            mbar_arrive_expect_tx(qfull, 8 * HS_QCHUNK);
+            for (int c = 0; c < 8; ++c) tma_load_3d(q_s + c * HS_QCHUNK, &map_q, c * 128, 0, b, qfull);
+        }
+        // The key-list ring as attn_decode_sp's.
+        const int32_t* rows = key_rows + static_cast<size_t>(seq) * max_keys;
+        auto fetch = [&](uint32_t c) {
+            int32_t* slot = ring + (c % 2) * (SP_RING_TILES * KT);
+            for (uint32_t e = t; e < SP_RING_TILES * KT; e += 128) {
+                const uint32_t key = c * (SP_RING_TILES * KT) + e;
+                if (key < count) cp_async4(slot + e, rows + key);
+            }
+            cp_async_commit();
+        };
+        auto row_of = [&](uint32_t it, uint32_t j) {
+            const uint32_t key = it * KT + j;
+            if (key >= count) return -1;
+            return checked_row(ring[((it / SP_RING_TILES) % 2) * (SP_RING_TILES * KT) + (it % SP_RING_TILES) * KT + j], pool_rows, status);
+        };
+        fetch(0);
+        fetch(1);
+        for (uint32_t it = 0; it < tiles; ++it) {
+            if (it % SP_RING_TILES == 0) {
+                if (it > 0) fetch(it / SP_RING_TILES + 1);
+                cp_async_wait_pending<1>();
+                named_barrier(2, 128);
+            }
+            int32_t* ix = idx + (it % 3) * KT;
+            int32_t first = -1;
+            bool run = false;
+            for (uint32_t h = 0; h < 2; ++h) {
+                // Slot (2 it + h) % 5 last held half (2 it + h - 5): half 1 of tile it - 3 (for h =
+                // 0: its S, which read ix, came before) or half 0 of tile it - 2.
+                const uint32_t hs = 2 * it + h;
+                if (hs >= HS_SLOTS) mbar_wait(&empty[hs % HS_SLOTS], (hs / HS_SLOTS - 1) & 1);
+                if (h == 0) {
+                    first = t < KT ? row_of(it, 0) : -1;
+                    run = publish_rows(ix, t, t < KT ? row_of(it, t) : -1, first, flags);
+                }
+                // load_tile_chunks puts column chunk c at dst + c * CHUNK: half h's chunks 4h..4h + 3
+                // at the slot's start (for h = 1 dst is 32 KB before it, inside Q's room).
+                load_tile_chunks<4>(slot_of(it, h) - h * HS_HALF, &full[hs % HS_SLOTS], ix, run, first, t, 4 * h, kv, map_kv);
+            }
+        }
+        cp_async_wait_all();
+        return;
+    }
+
+    const uint32_t q_a = smem_addr(q_s), p_a = smem_addr(p_s);
+    if (wg == 1) {
+        // The S warpgroup: a thread's keys are rows r0 and r0 + 8 of the tile.
+        setmaxnreg_inc<168>();
+        const int r0 = 16 * warp + lane / 4;
+        float m_run[8], l_part[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const bool with_sink = hd(i) < static_cast<int>(heads);
+            m_run[i] = with_sink ? sink[hd(i)] * kLog2e : -INFINITY;
+            // The sink counts once a head: in the four threads that hold keys 0 and 8.
+            l_part[i] = with_sink && warp == 0 && lane < 4 ? 1.f : 0.f;
+        }
+        const float scale2 = scale * kLog2e;
+        mbar_wait(qfull, 0);
+        for (uint32_t t = 0; t < tiles; ++t) {
+            const uint32_t h0 = 2 * t, h1 = 2 * t + 1;
+            const uint32_t s0_a = smem_addr(slot_of(t, 0)), s1_a = smem_addr(slot_of(t, 1));
+            mbar_wait(&full[h0 % HS_SLOTS], (h0 / HS_SLOTS) & 1);
+            const int32_t* ix = idx + (t % 3) * KT;
+            const bool ok0 = ix[r0] >= 0, ok1 = ix[r0 + 8] >= 0;
+            fence_proxy_async_smem();  // the gathered rows (cp.async) before the tensor cores read them
+            float sc[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) sc[i] = 0.f;
+            wgmma_fence_regs(sc);
+            wgmma_fence();
+            // Dims 0..255 (half 0) while half 1 may still land.
+#pragma unroll
+            for (int kk = 0; kk < 16; ++kk)
+                wgmma_m64n32k16_bf16<0>(sc, wgmma_desc_sw128(s0_a + (kk / 4) * CHUNK + (kk % 4) * 32),
+                                        wgmma_desc_sw128(q_a + (kk / 4) * HS_QCHUNK + (kk % 4) * 32), 1);
+            mbar_wait(&full[h1 % HS_SLOTS], (h1 / HS_SLOTS) & 1);
+            fence_proxy_async_smem();
+#pragma unroll
+            for (int kk = 16; kk < 32; ++kk)
+                wgmma_m64n32k16_bf16<0>(sc, wgmma_desc_sw128(s1_a + (kk / 4 - 4) * CHUNK + (kk % 4) * 32),
+                                        wgmma_desc_sw128(q_a + (kk / 4) * HS_QCHUNK + (kk % 4) * 32), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_regs(sc);
+            // sc[4j + 2g + e]: key r0 + 8g, head hd(2j + e). Masked keys -inf; the tile's max per
+            // head: the thread's two keys, the eight lanes of its head (xor 4, 8, 16), the warps.
+            float mx[8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& v0 = sc[4 * j + e];
+                    float& v1 = sc[4 * j + 2 + e];
+                    v0 = ok0 ? v0 * scale2 : -INFINITY;
+                    v1 = ok1 ? v1 * scale2 : -INFINITY;
+                    mx[2 * j + e] = fmaxf(v0, v1);
+                }
+            float* rm = redm + (t % 2) * 4 * HS_HM;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 4));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 8));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 16));
+                if (lane < 4) rm[warp * HS_HM + hd(i)] = mx[i];
+            }
+            // (rm alternates by tile: a warp writes tile t + 2's only after every warp passed this
+            // barrier at tile t + 1, so after their reads of tile t's.)
+            named_barrier(5, 128);
+            float alpha[8], msub[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float tm = fmaxf(fmaxf(rm[hd(i)], rm[HS_HM + hd(i)]), fmaxf(rm[2 * HS_HM + hd(i)], rm[3 * HS_HM + hd(i)]));
+                const float m_new = fmaxf(m_run[i], tm);
+                alpha[i] = m_run[i] == -INFINITY ? 0.f : ex2_approx(m_run[i] - m_new);
+                m_run[i] = m_new;
+                msub[i] = m_new == -INFINITY ? 0.f : m_new;
+            }
+            // P rounded to bf16, the sums of exactly those values, into P[t % 2] (head rows of 64
+            // keys, 128-byte swizzle) once that buffer's P V (tile t - 2) is done.
+            const uint32_t pb = t % 2;
+            if (t >= 2) mbar_wait(&pfree[pb], (t / 2 - 1) & 1);
+            uint8_t* pt = p_s + pb * HS_P;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int i = 2 * j + e, h = hd(i);
+                    const __nv_bfloat16 p0 = __float2bfloat16_rn(ex2_approx(sc[4 * j + e] - msub[i]));
+                    const __nv_bfloat16 p1 = __float2bfloat16_rn(ex2_approx(sc[4 * j + 2 + e] - msub[i]));
+                    l_part[i] = l_part[i] * alpha[i] + (__bfloat162float(p0) + __bfloat162float(p1));
+#pragma unroll
+                    for (int g = 0; g < 2; ++g) {
+                        const int r = r0 + 8 * g;
+                        *reinterpret_cast<__nv_bfloat16*>(pt + h * 128 + (((r / 8) ^ (h % 8)) * 16) + (r % 8) * 2) = g ? p1 : p0;
+                    }
+                }
+            if (warp == 0 && lane < 4)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) astat[pb * HS_HM + hd(i)] = alpha[i];
+            fence_proxy_async_smem();  // P (st.shared) before the tensor cores read it
+            mbar_arrive(&pready[pb]);
+        }
+        // The sums: the eight lanes of a head, then the warps (through the max buffer the next tile
+        // would have used), then 1 / sum per head for the P V warpgroups.
+        float* rl = redm + (tiles % 2) * 4 * HS_HM;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 4);
+            l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 8);
+            l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 16);
+            if (lane < 4) rl[warp * HS_HM + hd(i)] = l_part[i];
+        }
+        named_barrier(5, 128);
+        if (warp == 0 && lane < 4)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float l = (rl[hd(i)] + rl[HS_HM + hd(i)]) + (rl[2 * HS_HM + hd(i)] + rl[3 * HS_HM + hd(i)]);
+                fin[hd(i)] = l > 0.f ? 1.f / l : 0.f;
+            }
+        mbar_arrive(sdone);
+        return;
+    }
+
+    // A P V warpgroup: dims 256cw..256cw + 255 as four m64 blocks of O^T (rows: dims, columns: heads).
+    setmaxnreg_inc<160>();
+    const int cw = wg - 2;
+    const uint32_t wt = threadIdx.x % 128;
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    for (uint32_t t = 0; t < tiles; ++t) {
+        const uint32_t pb = t % 2;
+        mbar_wait(&pready[pb], (t / 2) & 1);
+        fence_proxy_async_smem();
+        float al[8];
+        bool moved = false;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            al[i] = astat[pb * HS_HM + hd(i)];
+            moved |= al[i] != 1.f;
+        }
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int g = 0; g < 2; ++g)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) o[16 * mb + 4 * j + 2 * g + e] *= al[2 * j + e];
+        }
+        wgmma_fence_regs(o);
+        wgmma_fence();
+        const uint32_t v_a = smem_addr(slot_of(t, cw));
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks) {
+            const uint64_t db = wgmma_desc_sw128(p_a + pb * HS_P + ks * 32);
+#pragma unroll
+            for (int mb = 0; mb < 4; ++mb)
+                wgmma_m64n32k16_bf16<1>(*reinterpret_cast<float(*)[16]>(o + 16 * mb),
+                                        wgmma_desc_sw128_mn(v_a + mb * CHUNK + ks * 16 * 128, CHUNK), db, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(o);
+        __syncwarp();
+        if (lane == 0) {
+            mbar_arrive(&empty[(2 * t + cw) % HS_SLOTS]);
+            mbar_arrive(&pfree[pb]);
+        }
+    }
+    mbar_wait(sdone, 0);
+    float fn[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) fn[i] = fin[hd(i)];
+    // O (heads x this warpgroup's 256 dims) as bf16 into this warpgroup's half of the last tile
+    // (no one else reads it now; any slot when there were no tiles), as four boxes of 32 heads x 64
+    // dims in the 128-byte swizzle, then out by TMA (heads past the count are not written).
+    uint8_t* stg = tiles > 0 ? slot_of(tiles - 1, cw) : slots + cw * HS_HALF;
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int g = 0; g < 2; ++g)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int dr = 16 * warp + lane / 4 + 8 * g, h = hd(2 * j + e);
+                    *reinterpret_cast<__nv_bfloat16*>(stg + mb * HS_QCHUNK + h * 128 + (((dr / 8) ^ (h % 8)) * 16) + (dr % 8) * 2) =
+                        __float2bfloat16_rn(o[16 * mb + 4 * j + 2 * g + e] * fn[2 * j + e]);
+                }
+    fence_proxy_async_smem();  // the staging writes before the TMA engine reads them
+    named_barrier(3 + cw, 128);
+    if (wt == 0) {
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb)
+            tma_store_3d(&map_out, stg + mb * HS_QCHUNK, static_cast<int32_t>(2 * (256 * cw + 64 * mb)), 0, static_cast<int32_t>(b));
+        bulk_commit();
+        bulk_wait();
+    }
+}
+
 }  // namespace
 #endif
 
@@ -1033,6 +1363,16 @@ extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(SP_THREAD
     di_attn_decode_sp_c2(DI_ATTN_WG_PARAMS) {
 #if DI_SM90
     attn_decode_sp<true>(DI_ATTN_SP_ARGS);
+#else
+    __trap();
+#endif
+}
+
+// Each sequence's heads as two blocks over all of its keys, the products transposed
+// (attn_decode_hs): a grid of 2 batch, heads = half the head count (<= 32); writes out directly.
+extern "C" __global__ void __launch_bounds__(SP_THREADS_HOST, 1) di_attn_decode_hs(DI_ATTN_WG_PARAMS) {
+#if DI_SM90
+    attn_decode_hs(kv, key_rows, key_counts, sink, status, heads, max_keys, pool_rows, scale, seqs, map_out, map_kv, map_q, flags);
 #else
     __trap();
 #endif

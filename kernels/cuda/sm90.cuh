@@ -233,6 +233,20 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t da
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// d (64 x 32 fp32) (+)= A (64 x 16 bf16) . B (32 x 16 bf16)^T, both in shared memory, B K-major; A
+// K-major, or with TA = 1 MN-major (16 x 64 bf16: the 64 rows contiguous, the instruction transposes it).
+template <int TA = 0>
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t da, uint64_t db, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, %19, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TA));
+}
+
 // d (64 x 128 fp32) (+)= A (64 x 16 bf16) . B (128 x 16 bf16)^T, both K-major in shared memory; with
 // TB = 1, B (16 x 128 bf16) MN-major instead: the 128 columns contiguous, the instruction transposes it.
 template <int TB = 0>

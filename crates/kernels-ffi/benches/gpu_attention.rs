@@ -10,11 +10,12 @@
 //! key pools rotate (> 256 MiB in all, so reads come from HBM); CUDA events around batches of 20
 //! launches, median of 20 batches. The Hopper kernels run with programmatic dependent launch (the
 //! default: each call sets up under the one before it) and without it ("/nopdl"), and with each
-//! sequence's heads as two blocks over all of its keys ("+halves") where the default splits keys.
+//! sequence's heads as two blocks over all of its keys where the default splits keys
+//! (`di_attn_decode_hs`, and "+halves" on the S-warpgroup kernel).
 
 use deepinfer_kernels_ffi::attention::{
     attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, s_half_first, set_head_halves_max_tiles,
-    set_merge_f32, set_s_half_first, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
+    set_head_halves_sp, set_merge_f32, set_s_half_first, set_s_warpgroup, set_tma_runs, set_wgmma, DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::ops;
 use deepinfer_kernels_ffi::testing::{
@@ -23,6 +24,8 @@ use deepinfer_kernels_ffi::testing::{
 use half::bf16;
 
 const BYTES_PER_S: f64 = 4.3e12;
+/// In a bench config's head-halves limit: run them on the S-warpgroup kernel (`set_head_halves_sp`).
+const HALVES_SP: u32 = 1 << 31;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -101,6 +104,7 @@ fn main() {
                             configs.push((t, k, m, false, default_halves, default_shalf));
                             configs.push((t, k, m, true, 0, default_shalf));
                             configs.push((t, k, m, true, u32::MAX, default_shalf));
+                            configs.push((t, k, m, true, u32::MAX | HALVES_SP, default_shalf));
                             configs.push((t, k, m, true, default_halves, !default_shalf));
                         }
                     }
@@ -112,7 +116,8 @@ fn main() {
                 set_s_warpgroup(s_wg);
                 set_merge_f32(f32_merge);
                 ops::set_pdl(pdl);
-                set_head_halves_max_tiles(halves);
+                set_head_halves_max_tiles(halves & !HALVES_SP);
+                set_head_halves_sp(halves & HALVES_SP != 0);
                 set_s_half_first(shalf);
                 let kernel = cuda_kernel(&s, shape).unwrap_or_default();
                 // A setting the kernel ignores, or a forced one that picks what another row already
@@ -225,6 +230,7 @@ fn main() {
             set_merge_f32(false);
             ops::set_pdl(true);
             set_head_halves_max_tiles(default_halves);
+            set_head_halves_sp(false);
             set_s_half_first(default_shalf);
         }
         set_wgmma(true);

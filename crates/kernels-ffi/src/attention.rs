@@ -107,15 +107,30 @@ pub fn head_halves_max_tiles() -> u32 {
     HEAD_HALVES_MAX_TILES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape` (with `+halves` where
-/// a sequence's heads run as two blocks: [`set_head_halves_max_tiles`]); `None` on the CPU or
-/// without the CUDA backend.
+static HEAD_HALVES_SP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Which kernel runs head halves ([`set_head_halves_max_tiles`]): `di_attn_decode_hs` (the default:
+/// S and P V transposed, so that 32 heads fill a wgmma's N and nothing idles) or, switched on here,
+/// the one-split S-warpgroup kernel with its Q rows past the half zero (half of each S wgmma idle):
+/// a process-wide switch for A/B benchmarks and tests; results agree within the attention tolerance.
+pub fn set_head_halves_sp(on: bool) {
+    HEAD_HALVES_SP.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The switch [`set_head_halves_sp`] sets.
+pub fn head_halves_sp() -> bool {
+    HEAD_HALVES_SP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The CUDA kernel [`attention_decode`] launches on `stream`'s GPU for `shape` (`di_attn_decode_hs`
+/// or `di_attn_decode_sp+halves` where a sequence's heads run as two blocks:
+/// [`set_head_halves_max_tiles`]); `None` on the CPU or without the CUDA backend.
 pub fn cuda_kernel(stream: &Stream, shape: DecodeAttnShape) -> Option<&'static str> {
     match stream.device() {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(_) => {
             if crate::cuda::attention::head_halves(stream, shape) {
-                return Some("di_attn_decode_sp+halves");
+                return Some(if head_halves_sp() { "di_attn_decode_sp+halves" } else { "di_attn_decode_hs" });
             }
             let (splits, per) = decode_splits(shape);
             Some(crate::cuda::attention::decode_kernel(stream, splits, per, shape.batch).1)

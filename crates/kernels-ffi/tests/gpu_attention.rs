@@ -14,8 +14,8 @@
 
 use deepinfer_kernels_ffi::attention::{
     attention_decode, cuda_kernel, decode_splits, head_halves_max_tiles, merge_f32, s_half_first,
-    set_head_halves_max_tiles, set_merge_f32, set_s_half_first, set_s_warpgroup, set_tma_runs, set_wgmma,
-    DecodeAttnShape,
+    set_head_halves_max_tiles, set_head_halves_sp, set_merge_f32, set_s_half_first, set_s_warpgroup, set_tma_runs,
+    set_wgmma, DecodeAttnShape,
 };
 use deepinfer_kernels_ffi::testing::{
     cuda_device_or_skip, fresh_seed, paged_key_rows, rel_err, switch_kernels, SplitMix,
@@ -35,6 +35,11 @@ struct Case {
     rows: Vec<i32>,
     counts: Vec<i32>,
     sink: Vec<f32>,
+}
+
+/// Whether `kernel` (as `cuda_kernel` names it) runs each sequence's heads as two blocks.
+fn is_halves(kernel: &str) -> bool {
+    kernel == "di_attn_decode_hs" || kernel.ends_with("+halves")
 }
 
 fn run(s: &Stream, c: &Case) -> (Vec<f32>, bool) {
@@ -126,12 +131,17 @@ fn gpu_attention_decode_matches_cpu() {
             }
             // Each sequence's heads as two blocks over all of its keys, whatever its length, where
             // the GPU and the shape allow it (sm_90, an even head count, twice the batch in a wave).
+            // Both kernels that run them: the transposed one and the S-warpgroup one.
             let default_halves = head_halves_max_tiles();
             set_head_halves_max_tiles(u32::MAX);
-            let halves = cuda_kernel(&gpu, c0.shape).unwrap_or_default();
-            if halves.ends_with("+halves") {
-                check_decode(&gpu, &cpu, halves, &c0);
+            for sp in [false, true] {
+                set_head_halves_sp(sp);
+                let halves = cuda_kernel(&gpu, c0.shape).unwrap_or_default();
+                if is_halves(halves) {
+                    check_decode(&gpu, &cpu, halves, &c0);
+                }
             }
+            set_head_halves_sp(false);
             set_head_halves_max_tiles(default_halves);
         }
         set_wgmma(true);
@@ -160,11 +170,14 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
         // Where sm_90 takes an S-warpgroup kernel (the default), the turn-taking one too, and each
         // sequence's heads as two blocks (forced; where the batch allows it).
         let default_halves = head_halves_max_tiles();
-        for (s_wg, halves) in [(true, true), (true, false), (false, false)] {
+        // (S warpgroup, head halves, their S-warpgroup kernel)
+        for (s_wg, halves, sp) in [(true, true, false), (true, true, true), (true, false, false), (false, false, false)]
+        {
             set_s_warpgroup(s_wg);
             set_head_halves_max_tiles(if halves { u32::MAX } else { 0 });
+            set_head_halves_sp(sp);
             let kernel = cuda_kernel(&gpu, c.shape).unwrap_or_default();
-            if halves && !kernel.ends_with("+halves") {
+            if halves && !is_halves(kernel) {
                 continue;
             }
             set_tma_runs(false);
@@ -185,6 +198,7 @@ fn gpu_attention_decode_paged_runs_match_gathered_rows() {
             }
         }
         set_s_warpgroup(true);
+        set_head_halves_sp(false);
         set_head_halves_max_tiles(default_halves);
     }
 }
@@ -204,9 +218,18 @@ fn gpu_attention_decode_chained_calls_wait_for_their_queries() {
     println!("seed {seed}");
     let mut rng = SplitMix(seed);
     let chain = |s: &Stream, c: &Case| run_chained(s, c, 2).0;
-    // (batch, heads, max_keys): two splits of five tiles (sp_c2), of two (wg_c2), one split with a
-    // block per sequence (sp), more sequences than SMs (the persistent wg).
-    for (batch, heads, max_keys) in [(64u32, 64u32, 640u32), (64, 64, 192), (100, 48, 300), (200, 64, 130)] {
+    // (batch, heads, max_keys, head halves forced): two splits of five tiles (sp_c2), of two
+    // (wg_c2), one split with a block per sequence (sp), more sequences than SMs (the persistent
+    // wg), each sequence's heads as two blocks (hs).
+    let default_halves = head_halves_max_tiles();
+    for (batch, heads, max_keys, halves) in [
+        (64u32, 64u32, 640u32, false),
+        (64, 64, 192, false),
+        (100, 48, 300, false),
+        (200, 64, 130, false),
+        (64, 64, 640, true),
+    ] {
+        set_head_halves_max_tiles(if halves { u32::MAX } else { default_halves });
         // Full counts: every output row is written (a sequence with no keys writes zeros anyway).
         let mut c = case(&mut rng, batch, heads, max_keys, true, 8.0);
         // The second call's queries are the first's outputs, weighted averages of key rows and so
@@ -231,6 +254,7 @@ fn gpu_attention_decode_chained_calls_wait_for_their_queries() {
             "{kernel}: chained calls differ with and without programmatic dependent launch"
         );
     }
+    set_head_halves_max_tiles(default_halves);
 }
 
 /// One decode case on one kernel: parity, two runs bit-identical, an out-of-pool row reported.

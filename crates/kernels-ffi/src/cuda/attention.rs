@@ -29,6 +29,22 @@ const ATTN_WG_SMEM: u32 = 1024 + 3 * 65536 + 2 * 8192 + 2 * 3 * 64 * 4 + 2 * 64 
 const ATTN_SP_SMEM: u32 =
     1024 + 3 * 65536 + 2 * 8192 + 8192 + 3 * 64 * 4 + 2 * 64 * 4 + 3 * 64 * 4 + 2 * 4 * 64 * 4 + 14 * 8;
 
+/// Dynamic shared memory of di_attn_decode_hs (the static_assert in attention_sm90.cu): 1024 bytes
+/// of alignment slack, Q of 32 heads (32 KB), five 32 KB half-tile slots, two P (32 heads x 64 keys
+/// bf16), the rescale factor per head of two tiles, the tile max per head and warp of two tiles,
+/// 1 / sum per head, the key rows of three tiles, the gather's ring of key-list entries, sixteen
+/// mbarriers.
+const ATTN_HS_SMEM: u32 = 1024
+    + 8 * 4096
+    + 5 * 32768
+    + 2 * 4096
+    + 2 * 32 * 4
+    + 2 * 4 * 32 * 4
+    + 32 * 4
+    + 3 * 64 * 4
+    + 2 * 4 * 64 * 4
+    + 16 * 8;
+
 /// Key tiles a split needs before two-split decode takes the S-warpgroup cluster kernel: with fewer,
 /// its prologue (Q into registers) outweighs what it saves (H200, batch 64: 0.303 / 0.283 of the
 /// floor against 0.309 / 0.293 for two and one tiles, 0.446 / 0.575 against 0.442 / 0.561 for five
@@ -55,8 +71,9 @@ pub(crate) fn decode_kernel(stream: &Stream, splits: u32, per: u32, batch: u32) 
 }
 
 /// Whether `attention_decode` runs each sequence of `shape` as two blocks of half its heads over
-/// all of its keys (`di_attn_decode_sp` with the head-halves flag, a grid of twice the batch)
-/// instead of splitting its keys: on sm_90 with the S-warpgroup kernels, an even head count, twice
+/// all of its keys (`di_attn_decode_hs`, its products transposed so that 32 heads fill a wgmma, or
+/// `di_attn_decode_sp` with the head-halves flag: [`crate::attention::set_head_halves_sp`]; a grid
+/// of twice the batch) instead of splitting its keys: on sm_90 with the S-warpgroup kernels, an even head count, twice
 /// the batch within one wave of SMs, and at most
 /// [`crate::attention::head_halves_max_tiles`] key tiles a sequence. No merge then: each block
 /// writes its heads' outputs; the two blocks read the same key rows (the second mostly from L2).
@@ -93,13 +110,17 @@ pub(crate) fn attention_decode(
     } else {
         decode_splits(shape)
     };
-    let (module, kernel) =
-        if halves { ("attention_sm90", "di_attn_decode_sp") } else { decode_kernel(stream, splits, per, shape.batch) };
+    let (module, kernel) = match halves {
+        true if crate::attention::head_halves_sp() => ("attention_sm90", "di_attn_decode_sp"),
+        true => ("attention_sm90", "di_attn_decode_hs"),
+        false => decode_kernel(stream, splits, per, shape.batch),
+    };
     // With head halves the kernel sees twice the sequences of half the heads: q and out as [2 batch,
     // heads / 2, 512] (the same bytes), block b taking sequence b / 2's heads (b % 2) * heads / 2..
     let (grid_seqs, grid_heads) = if halves { (2 * shape.batch, shape.heads / 2) } else { (shape.batch, shape.heads) };
     let (threads, smem) = match kernel {
         "di_attn_decode_sp_c2" | "di_attn_decode_sp" => (512, ATTN_SP_SMEM),
+        "di_attn_decode_hs" => (512, ATTN_HS_SMEM),
         _ if module == "attention_sm90" => (384, ATTN_WG_SMEM),
         _ => (256, ATTN_SMEM_BYTES),
     };
@@ -131,7 +152,9 @@ pub(crate) fn attention_decode(
         let row = 2 * d as u64;
         let per_seq = |ptr: cudarc::driver::sys::CUdeviceptr| {
             let (b, h) = (grid_seqs as u64, grid_heads as u64);
-            super::wgmma::tma_map_bytes_3d_128(ptr, [row, h, b], [row, row * h], (128, 64))
+            // di_attn_decode_hs holds 32 heads a block: boxes of 32 rows.
+            let box_rows = if kernel == "di_attn_decode_hs" { 32 } else { 64 };
+            super::wgmma::tma_map_bytes_3d_128(ptr, [row, h, b], [row, row * h], (128, box_rows))
         };
         Some((
             per_seq(q.cuda().device_ptr(s).0)?,
@@ -204,10 +227,12 @@ pub(crate) fn attention_decode(
             // key_counts [batch], sink [heads], heads <= 64; the kernels clamp counts to max_keys
             // and skip rows outside the pool's pool_rows rows; the _c2 kernels' clusters are
             // declared in the kernel (__cluster_dims__), and the grid's y is their two splits. With
-            // head halves (flag 8, di_attn_decode_sp only) heads and seqs are grid_heads = heads / 2
-            // and grid_seqs = 2 batch, the maps cover q and out as those [2 batch, heads / 2] rows
-            // (the same bytes), and block b reads key_rows and key_counts of sequence b / 2 and
-            // sink from (b % 2) heads / 2: all within the checked lengths.
+            // head halves (di_attn_decode_sp with flag 8, or di_attn_decode_hs, whose 512 threads
+            // and shared memory are ATTN_HS_SMEM's layout and whose maps' boxes are 32 rows) heads
+            // and seqs are grid_heads = heads / 2 <= 32 and grid_seqs = 2 batch, the maps cover q
+            // and out as those [2 batch, heads / 2] rows (the same bytes), and block b reads
+            // key_rows and key_counts of sequence b / 2 and sink from (b % 2) heads / 2: all
+            // within the checked lengths.
             unsafe { be.launch_ex(s, &f, cfg, pdl, &mut args) }?;
         }
         None => {
