@@ -43,6 +43,10 @@ fn main() {
     // HCA 8k paged", "indexer_decode indexer 8k", "indexer_prefill", "attention_prefill sliding
     // prefill 32k", "compress CSA") contains one of its texts.
     let only = BenchOnly::from_env();
+    // DEEPINFER_ATTN_NO_HALVES (any value): no head-halves rows (a visit whose GPU tests failed on
+    // them still gets the other rows).
+    let no_halves = std::env::var_os("DEEPINFER_ATTN_NO_HALVES").is_some();
+    let mut failed: Vec<String> = Vec::new();
     let wanted = |label: &str| only.wants(label);
     // Rows: random pool rows, or (paged) a paged cache's layout: each sequence's 128-row window
     // starting inside a 64-row page (its tiles straddle pages), then its compressed rows as whole
@@ -102,9 +106,11 @@ fn main() {
                         configs.push((t, k, m, true, default_halves, default_shalf));
                         if wgmma && t && k && !m {
                             configs.push((t, k, m, false, default_halves, default_shalf));
-                            configs.push((t, k, m, true, 0, default_shalf));
-                            configs.push((t, k, m, true, u32::MAX, default_shalf));
-                            configs.push((t, k, m, true, u32::MAX | HALVES_SP, default_shalf));
+                            if !no_halves {
+                                configs.push((t, k, m, true, 0, default_shalf));
+                                configs.push((t, k, m, true, u32::MAX, default_shalf));
+                                configs.push((t, k, m, true, u32::MAX | HALVES_SP, default_shalf));
+                            }
                             configs.push((t, k, m, true, default_halves, !default_shalf));
                         }
                     }
@@ -156,7 +162,13 @@ fn main() {
                 let got: Vec<f32> =
                     s.download_range(&out, 0, heads as usize * d).unwrap().iter().map(|v| v.to_f32()).collect();
                 let (rel, _) = rel_err(&got, &want.iter().map(|v| v.to_f32()).collect::<Vec<_>>());
-                assert!(rel < 1e-2, "{what}: rel_err {rel:e} against the CPU");
+                // A row that fails its check is reported and not timed; the bench fails at the end
+                // (after the other rows: an experimental kernel costs no one else's figures).
+                if rel.is_nan() || rel >= 1e-2 {
+                    println!("attention_decode {kernel:<17} {what:<30} FAILED: rel_err {rel:e} against the CPU");
+                    failed.push(format!("{kernel} {what}: rel_err {rel:e}"));
+                    continue;
+                }
                 let mut i = 0;
                 let mut times = Vec::new();
                 for rep in 0..22 {
@@ -482,4 +494,5 @@ fn main() {
     if let Some(path) = std::env::var_os("DEEPINFER_BENCH_JSON") {
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
     }
+    assert!(failed.is_empty(), "rows that failed their check against the CPU: {failed:#?}");
 }
