@@ -741,6 +741,50 @@ constexpr int SP_SMEM = 1024 + SP_STAGES * TILE + 2 * CHUNK + HM * 128 + 3 * HM 
                         (4 * SP_STAGES + 2) * 8;
 static_assert(SP_SMEM == 226416, "attention.rs ATTN_SP_SMEM");
 
+// The S-warpgroup kernels' gather reads a sequence's key-list entries k_begin..k_end through a ring
+// in shared memory (two slots of SP_RING_TILES tiles' entries), copied by cp.async (two entries a
+// thread) one chunk ahead: read from global memory one tile ahead, each tile's entries waited behind
+// the previous tile's row copies in the SM's memory pipeline, so one tile's rows were in flight at a
+// time (ncu: the gather never waited for a free stage; the S warpgroup waited for keys). Chunk c is
+// committed as its own cp.async group at tile (c - 1) * SP_RING_TILES (chunks 0 and 1 at the start:
+// start()) and waited for one chunk later (wait_group 1: the group holds only copies of tiles long
+// consumed besides), then a barrier of the 128 gather threads (2) makes every thread's entries
+// visible (at_tile). Slot c % 2 held chunk c - 2, whose last reads came before the previous tile's
+// publish barrier. t: the gather thread (0..127).
+struct KeyRing {
+    int32_t* ring;
+    const int32_t* rows;
+    uint32_t k_begin, k_end, pool_rows;
+    int32_t* status;
+    uint32_t t;
+    __device__ __forceinline__ void fetch(uint32_t c) const {
+        int32_t* slot = ring + (c % 2) * (SP_RING_TILES * KT);
+        for (uint32_t e = t; e < SP_RING_TILES * KT; e += 128) {
+            const uint32_t key = k_begin + c * (SP_RING_TILES * KT) + e;
+            if (key < k_end) cp_async4(slot + e, rows + key);
+        }
+        cp_async_commit();
+    }
+    __device__ __forceinline__ void start() const {
+        fetch(0);
+        fetch(1);
+    }
+    // Before tile it's entries are read.
+    __device__ __forceinline__ void at_tile(uint32_t it) const {
+        if (it % SP_RING_TILES == 0) {
+            if (it > 0) fetch(it / SP_RING_TILES + 1);
+            cp_async_wait_pending<1>();
+            named_barrier(2, 128);
+        }
+    }
+    // Key j of tile it as a checked pool row (-1: past the list, or outside the pool: reported).
+    __device__ __forceinline__ int32_t row_of(uint32_t it, uint32_t j) const {
+        const uint32_t key = k_begin + it * KT + j;
+        if (key >= k_end) return -1;
+        return checked_row(ring[((it / SP_RING_TILES) % 2) * (SP_RING_TILES * KT) + (it % SP_RING_TILES) * KT + j], pool_rows, status);
+    }
+};
+
 template <bool C2>
 __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__ kv, const int32_t* __restrict__ key_rows,
                                                const int32_t* __restrict__ key_counts, const float* __restrict__ sink,
@@ -804,40 +848,14 @@ __device__ __forceinline__ void attn_decode_sp(const __nv_bfloat16* __restrict__
             }
         }
         for (int h = 0; h < 2; ++h) cp_async_arrive_noinc(&full[2 * 2 + h]);
-        // The key-list entries come through a ring in shared memory, a chunk of SP_RING_TILES
-        // tiles' entries a slot, copied by cp.async (two entries a thread) one chunk ahead: read
-        // from global memory one tile ahead, each tile's entries waited behind the previous tile's
-        // row copies in the SM's memory pipeline, so one tile's rows were in flight at a time
-        // (ncu: the gather never waited for a free stage; the S warpgroup waited for keys).
-        // Chunk c is committed as its own cp.async group at tile (c - 1) * SP_RING_TILES (chunks
-        // 0 and 1 at the start) and waited for one chunk later (wait_group 1: the group holds only
-        // copies of tiles long consumed besides), then a barrier of the 128 gather threads makes
-        // every thread's entries visible. Slot c % 2 held chunk c - 2, whose last reads came
-        // before the previous tile's publish barrier.
-        const int32_t* rows = key_rows + static_cast<size_t>(seq) * max_keys;
-        auto fetch = [&](uint32_t c) {
-            int32_t* slot = ring + (c % 2) * (SP_RING_TILES * KT);
-            for (uint32_t e = t; e < SP_RING_TILES * KT; e += 128) {
-                const uint32_t key = k_begin + c * (SP_RING_TILES * KT) + e;
-                if (key < k_end) cp_async4(slot + e, rows + key);
-            }
-            cp_async_commit();
-        };
-        auto row_of = [&](uint32_t it, uint32_t j) {
-            const uint32_t key = k_begin + it * KT + j;
-            if (key >= k_end) return -1;
-            return checked_row(ring[((it / SP_RING_TILES) % 2) * (SP_RING_TILES * KT) + (it % SP_RING_TILES) * KT + j], pool_rows, status);
-        };
-        fetch(0);
-        fetch(1);
+        // The key-list entries through the ring (KeyRing).
+        const KeyRing kr{ring, key_rows + static_cast<size_t>(seq) * max_keys, k_begin, k_end, pool_rows, status, t};
+        auto row_of = [&](uint32_t it, uint32_t j) { return kr.row_of(it, j); };
+        kr.start();
         for (uint32_t it = 0; it < tiles; ++it) {
             const uint32_t s = it % SP_STAGES, f = fill_of(it);
             uint8_t* dst = base + s * TILE;
-            if (it % SP_RING_TILES == 0) {
-                if (it > 0) fetch(it / SP_RING_TILES + 1);
-                cp_async_wait_pending<1>();
-                named_barrier(2, 128);
-            }
+            kr.at_tile(it);
             // Half 0 frees after warpgroup 2's P V of the stage's last tile, which came after the S
             // warpgroup read that tile's rows: so the rows may be rewritten then.
             if (f > 0) mbar_wait(&empty[2 * s], (f - 1) & 1);
@@ -1078,29 +1096,12 @@ __device__ __forceinline__ void attn_decode_hs(const __nv_bfloat16* __restrict__
             mbar_arrive_expect_tx(qfull, 8 * HS_QCHUNK);
             for (int c = 0; c < 8; ++c) tma_load_3d(q_s + c * HS_QCHUNK, &map_q, c * 128, 0, b, qfull);
         }
-        // The key-list ring as attn_decode_sp's.
-        const int32_t* rows = key_rows + static_cast<size_t>(seq) * max_keys;
-        auto fetch = [&](uint32_t c) {
-            int32_t* slot = ring + (c % 2) * (SP_RING_TILES * KT);
-            for (uint32_t e = t; e < SP_RING_TILES * KT; e += 128) {
-                const uint32_t key = c * (SP_RING_TILES * KT) + e;
-                if (key < count) cp_async4(slot + e, rows + key);
-            }
-            cp_async_commit();
-        };
-        auto row_of = [&](uint32_t it, uint32_t j) {
-            const uint32_t key = it * KT + j;
-            if (key >= count) return -1;
-            return checked_row(ring[((it / SP_RING_TILES) % 2) * (SP_RING_TILES * KT) + (it % SP_RING_TILES) * KT + j], pool_rows, status);
-        };
-        fetch(0);
-        fetch(1);
+        // The key-list entries through the ring (KeyRing), all of the sequence's.
+        const KeyRing kr{ring, key_rows + static_cast<size_t>(seq) * max_keys, 0, count, pool_rows, status, t};
+        auto row_of = [&](uint32_t it, uint32_t j) { return kr.row_of(it, j); };
+        kr.start();
         for (uint32_t it = 0; it < tiles; ++it) {
-            if (it % SP_RING_TILES == 0) {
-                if (it > 0) fetch(it / SP_RING_TILES + 1);
-                cp_async_wait_pending<1>();
-                named_barrier(2, 128);
-            }
+            kr.at_tile(it);
             int32_t* ix = idx + (it % 3) * KT;
             int32_t first = -1;
             bool run = false;
