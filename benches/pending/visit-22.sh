@@ -39,6 +39,10 @@
 # to the first MMA: 0.654 -> ~0.70 on the H200), +0-3% at m = 1 and 4; the k-split W (wo_b, w1,
 # w13, wq_a) +2-6% at 4 and 16 tokens; /fp8x/requant behind both (a second launch). If so, the
 # switch goes on by default, and the engine's norms should write FP8 x.
+# Also "norm-fp8" rows: `rms_norm_fp8` (RMSNorm and the FP8 quantisation in one pass, what such a
+# norm would run) against rms_norm + quantize_act_fp8. Predicted: 1.5-2x at 16384 rows (x read once,
+# no bf16 written and read back), ~2x at 1-64 rows (one launch instead of two); gpu_parity's
+# gpu_rms_norm_fp8_matches_quantised_rms_norm checks it.
 #
 # Build (this machine): cargo xtask kernels && cargo xtask gpu-bundle --only gpu_attention,gpu_parity,gpu_moe,gpu_ops
 #   cp benches/pending/visit-22.sh target/gpu-bundle/go.sh
@@ -94,7 +98,7 @@ want attn && for n in 1 2; do
 done
 if want ops; then
   SECONDS=0
-  DEEPINFER_BENCH_ONLY="gemm attn.,gemm shared_experts." DEEPINFER_BENCH_JSON="$r/ops.json" timeout 240 \
+  DEEPINFER_BENCH_ONLY="gemm attn.,gemm shared_experts.,norm-fp8" DEEPINFER_BENCH_JSON="$r/ops.json" timeout 240 \
     "$here/benches/deepinfer-kernels-ffi-gpu_ops" --bench > "$r/ops.log" 2>&1
   echo "== gpu_ops ${SECONDS}s"
   grep -E "^gemm " "$r/ops.log" | sed 's/Fp8Block128//; s/ median.*GPU-queued/ q/; s/without PDL[^;]*;//; s/|.*//' | cut -c1-150

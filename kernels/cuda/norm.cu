@@ -8,6 +8,7 @@
 // * vec: one block per row, up to MAXV vectors per thread in registers, for longer rows.
 // * scalar: any alignment and dim; re-reads the row (from L1/L2) in its second pass.
 #include "../include/deepinfer_params.h"
+#include "lowp.cuh"
 #include "vec.cuh"
 
 namespace {
@@ -106,6 +107,57 @@ __device__ void rms_norm_warp(const T* __restrict__ x, const T* __restrict__ w, 
     }
 }
 
+// rms_norm_warp on bf16 rows whose bf16 result is also quantised in the same pass exactly as
+// di_quantize_x_e4m3 quantises it (e4m3 codes, one power-of-two scale per 1x128 block, amax
+// floored at 1e-4): xq [rows, dim] and sx [rows, dim / 128] contiguous, for the FP8 GEMMs that take
+// x already quantised (gemm_fp8_act); out (x's row layout) only where not null. dim % 128 == 0, so
+// a 128-block is the 16 vectors of one half-warp (vector v = lane + 32 k) and an iteration's
+// vectors are all in the row or none (the shuffles need every lane).
+template <int VPL>
+__device__ void rms_norm_fp8_warp(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                  __nv_bfloat16* __restrict__ out, uint8_t* __restrict__ xq, float* __restrict__ sx,
+                                  DiRmsNormParams p) {
+    constexpr int N = 8;
+    const uint32_t row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= p.rows) return;  // whole warps exit together
+    const int lane = threadIdx.x & 31;
+    const size_t base = (size_t)row * p.row_stride;
+    const int nvec = p.dim / N;
+    Vec16<__nv_bfloat16> cache[VPL];
+    float ss = 0.f;
+    #pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+        const int v = lane + 32 * k;
+        if (v < nvec) {
+            cache[k] = load16(x + base + (size_t)v * N);
+            #pragma unroll
+            for (int i = 0; i < N; ++i) { const float f = cache[k].get(i); ss += f * f; }
+        }
+    }
+    const float inv = rsqrtf(warp_sum(ss) / (float)p.dim + p.eps);
+    #pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+        if (32 * k >= nvec) break;  // warp-uniform
+        const int v = lane + 32 * k;
+        const Vec16<__nv_bfloat16> wv = load16(w + (size_t)v * N);
+        Vec16<__nv_bfloat16> o;
+        #pragma unroll
+        for (int i = 0; i < N; ++i) o.set(i, wv.get(i) * (cache[k].get(i) * inv));
+        if (out != nullptr) store16(out + base + (size_t)v * N, o);
+        float vals[8];
+        const float s = pow2_scale(half_warp_block_amax(o.v, vals));
+        const float rs = pow2_recip(s);
+        uint32_t packed[2] = {0, 0};
+        #pragma unroll
+        for (int i = 0; i < 8; i += 2)
+            packed[i / 4] |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(vals[i] * rs, vals[i + 1] * rs),
+                                                                             __NV_SATFINITE, __NV_E4M3))
+                             << (8 * (i % 4));
+        *reinterpret_cast<uint2*>(xq + (size_t)row * p.dim + (size_t)v * N) = make_uint2(packed[0], packed[1]);
+        if ((lane & 15) == 0) sx[(size_t)row * (p.dim / 128) + v / 16] = s;
+    }
+}
+
 template <typename T>
 __device__ void rms_norm_scalar(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
                                 DiRmsNormParams p) {
@@ -146,6 +198,16 @@ extern "C" __global__ void di_rms_norm_scalar_bf16(const __nv_bfloat16* x, const
                                                             __nv_bfloat16* out, DiRmsNormParams p) { \
         rms_norm_warp<__nv_bfloat16, VPL>(x, w, out, p);                                             \
     }
+#define DI_RMS_NORM_FP8_WARP(VPL)                                                                          \
+    extern "C" __global__ void di_rms_norm_fp8_warp##VPL(const __nv_bfloat16* x, const __nv_bfloat16* w,       \
+                                                         __nv_bfloat16* out, uint8_t* xq, float* sx,          \
+                                                         DiRmsNormParams p) {                                 \
+        rms_norm_fp8_warp<VPL>(x, w, out, xq, sx, p);                                                         \
+    }
+DI_RMS_NORM_FP8_WARP(4)
+DI_RMS_NORM_FP8_WARP(8)
+DI_RMS_NORM_FP8_WARP(16)
+
 DI_RMS_NORM_WARP(4)
 DI_RMS_NORM_WARP(8)
 DI_RMS_NORM_WARP(16)

@@ -167,6 +167,44 @@ fn rms_case<T: Element>(s: &Stream, rng: &mut SplitMix, rows: u32, dim: u32) -> 
         "median_ms": ms, "floor_ms": floor_ms, "achieved_over_floor": floor_ms / ms, "gb_per_s": gbps, "rel_err_vs_cpu": rel})
 }
 
+/// RMSNorm fused with the FP8 activation quantisation (`rms_norm_fp8`, no bf16 output: what feeds an
+/// FP8 GEMM) against the two ops it replaces (`rms_norm`, then `quantize_act_fp8`). Floor: x read
+/// once, the codes and scales written.
+fn rms_fp8_case(s: &Stream, rng: &mut SplitMix, rows: u32, dim: u32) -> serde_json::Value {
+    let (r, d) = (rows as usize, dim as usize);
+    let x: Vec<bf16> = to(&rng.vec(r * d));
+    let w: Vec<bf16> = to(&rng.vec(d).iter().map(|v| 1.0 + 0.1 * v).collect::<Vec<_>>());
+    let p = RmsNormParams::packed(rows, dim, 1e-6);
+    let (xb, wb) = (s.upload(&x).unwrap(), s.upload(&w).unwrap());
+    let mut out = s.zeros::<bf16>(r * d).unwrap();
+    let mut xq = s.zeros::<u8>(r * d).unwrap();
+    let mut sx = s.zeros::<f32>(r * d / 128).unwrap();
+    ops::rms_norm_fp8(s, &xb, &wb, None, &mut xq, &mut sx, &p).unwrap();
+    let fused = (s.download(&xq).unwrap(), s.download(&sx).unwrap());
+    ops::rms_norm(s, &xb, &wb, &mut out, &p).unwrap();
+    ops::quantize_act_fp8(s, &out, &mut xq, &mut sx, rows, dim).unwrap();
+    let two = (s.download(&xq).unwrap(), s.download(&sx).unwrap());
+    // The two routes' sums of squares may round apart (a warp's tree against a block's): count
+    // the codes that differ rather than require none.
+    let differ = fused.0.iter().zip(&two.0).filter(|(a, b)| a != b).count();
+    let ms = time_ms(s, || ops::rms_norm_fp8(s, &xb, &wb, None, &mut xq, &mut sx, &p).unwrap());
+    let ms_two = time_ms(s, || {
+        ops::rms_norm(s, &xb, &wb, &mut out, &p).unwrap();
+        ops::quantize_act_fp8(s, &out, &mut xq, &mut sx, rows, dim).unwrap()
+    });
+    let bytes = (r * d * 2 + r * d + r * d / 128 * 4 + d * 2) as f64;
+    let floor_ms = bytes / FLOOR_BYTES_PER_S * 1e3;
+    println!(
+        "norm-fp8 {rows:>6}x{dim:<5} fused median {ms:.4} ms  achieved/floor {:.3} | rms_norm + quantize_act_fp8 {ms_two:.4} ms ({:.3})  codes differing {differ} of {}",
+        floor_ms / ms,
+        floor_ms / ms_two,
+        r * d
+    );
+    serde_json::json!({"op": "rms_norm_fp8", "rows": rows, "dim": dim, "bytes": bytes, "median_ms": ms, "floor_ms": floor_ms,
+        "achieved_over_floor": floor_ms / ms, "unfused_ms": ms_two, "unfused_achieved_over_floor": floor_ms / ms_two,
+        "codes_differing_from_unfused": differ})
+}
+
 fn rope_case(s: &Stream, rng: &mut SplitMix, tokens: u32) -> serde_json::Value {
     let (heads, hd, rd) = (64u32, 512u32, 64u32);
     let n = (tokens * heads * hd) as usize;
@@ -502,6 +540,12 @@ fn main() {
         ]
     };
     let mut results = results;
+    // The norms that feed FP8 GEMMs: q_norm (1024) and the sublayer norms (4096), decode and prefill.
+    for (rows, dim) in [(1u32, 1024u32), (64, 1024), (64, 4096), (16384, 1024), (16384, 4096)] {
+        if wanted(&format!("norm-fp8 {rows}x{dim}")) {
+            results.push(rms_fp8_case(&s, &mut rng, rows, dim));
+        }
+    }
     // V4-Flash decode GEMMs: FP8 dense projections and FP4 routed experts (MODEL_V4.md §1). The
     // MoE layer runs w1 and w3 stacked as one GEMM (w13, [2 inter, dim]); w1 alone stays for
     // comparison with earlier results.

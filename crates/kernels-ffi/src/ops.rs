@@ -69,6 +69,76 @@ pub fn rms_norm<T: Element>(
     }
 }
 
+/// RMSNorm of bf16 rows (as [`rms_norm`]) whose result is also quantised for [`gemm_fp8_act`] in the
+/// same pass, exactly as [`quantize_act_fp8`] quantises it: `xq` [rows, dim] e4m3 codes and `sx`
+/// [rows, dim / 128] power-of-two scales, contiguous; the bf16 result into `out` (x's row layout)
+/// where given. dim must be a multiple of 128. The codes and scales are always those
+/// [`quantize_act_fp8`] makes of the bf16 result (on the GPU, of the result this op writes to `out`;
+/// the GPU's sums of squares may round differently from [`rms_norm`]'s block kernel). On CUDA one
+/// launch (a warp a row) where dim <= 4096 and the stride is a multiple of 8; otherwise [`rms_norm`]
+/// then [`quantize_act_fp8`], which needs contiguous rows.
+pub fn rms_norm_fp8(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<half::bf16>,
+    out: Option<&mut DeviceBuffer<half::bf16>>,
+    xq: &mut DeviceBuffer<u8>,
+    sx: &mut DeviceBuffer<f32>,
+    p: &RmsNormParams,
+) -> Result<()> {
+    const OP: &str = "rms_norm_fp8";
+    if p.dim == 0 || !p.dim.is_multiple_of(128) {
+        return Err(FfiError::shape(OP, "dim", format!("{} must be a positive multiple of 128", p.dim)));
+    }
+    if p.row_stride < p.dim {
+        return Err(FfiError::shape(OP, "row_stride", format!("{} is less than dim {}", p.row_stride, p.dim)));
+    }
+    if !(p.eps >= 0.0 && p.eps.is_finite()) {
+        return Err(FfiError::shape(OP, "eps", format!("{} is not a finite non-negative number", p.eps)));
+    }
+    let need = strided_len(p.rows, p.dim, p.row_stride);
+    let (rows, dim) = (p.rows as usize, p.dim as usize);
+    check_len(OP, "x", x, need)?;
+    check_len(OP, "w", w, dim)?;
+    check_len(OP, "xq", xq, rows * dim)?;
+    check_len(OP, "sx", sx, rows * dim / 128)?;
+    stream.check_on(OP, "x", x)?;
+    stream.check_on(OP, "w", w)?;
+    stream.check_on(OP, "xq", xq)?;
+    stream.check_on(OP, "sx", sx)?;
+    if let Some(o) = out.as_deref() {
+        check_len(OP, "out", o, need)?;
+        stream.check_on(OP, "out", o)?;
+    }
+    match (&x.storage, &w.storage, &mut xq.storage, &mut sx.storage) {
+        (Storage::Host(x), Storage::Host(w), Storage::Host(xq), Storage::Host(sx)) => {
+            let mut y = vec![half::bf16::ZERO; rows * dim];
+            for (r, yr) in y.chunks_exact_mut(dim).enumerate() {
+                let s = r * p.row_stride as usize;
+                cpu::rms_norm_row(&x[s..s + dim], &w[..dim], p.eps, yr);
+            }
+            let v: Vec<f32> = y.iter().map(|v| v.to_f32()).collect();
+            let (codes, scales) = crate::quant::fp8_quantize(&v, 128, 1e-4);
+            xq[..rows * dim].copy_from_slice(&codes);
+            sx[..rows * dim / 128].copy_from_slice(&scales);
+            if let Some(o) = out {
+                let Storage::Host(o) = &mut o.storage else { unreachable!("check_on verified out is on the CPU") };
+                for (r, yr) in y.chunks_exact(dim).enumerate() {
+                    let s = r * p.row_stride as usize;
+                    o[s..s + dim].copy_from_slice(yr);
+                }
+            }
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(_), Storage::Cuda(_), Storage::Cuda(_), Storage::Cuda(_)) => {
+            crate::cuda::launch::rms_norm_fp8(stream, x, w, out, xq, sx, p)
+        }
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("check_on verified every buffer is on the stream's device"),
+    }
+}
+
 /// The CUDA entry point `rms_norm` launches for this element type and shape (for benchmarks and
 /// diagnostics); `None` on a build without the CUDA backend.
 pub fn rms_norm_cuda_kernel<T: Element>(p: &RmsNormParams) -> Option<String> {

@@ -244,3 +244,73 @@ fn capture_on_a_cpu_stream_is_refused() {
     assert!(err.to_string().contains("`stream`"), "{err}");
     assert!(!ran, "the work ran instead of being recorded");
 }
+
+/// `rms_norm_fp8` writes what `rms_norm` then `quantize_act_fp8` write, bit for bit, over strided
+/// rows, with and without the bf16 output; bad dims and lengths name their field.
+fn rms_norm_fp8_case(rows: usize, dim: usize, stride: usize, seed: u64, with_out: bool) {
+    use deepinfer_kernels_ffi::{ops, Device};
+    use half::bf16;
+    let s = Device::cpu().default_stream();
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) % 20001) as f32 * 1e-3 - 10.0
+    };
+    let len = if rows == 0 { 0 } else { (rows - 1) * stride + dim };
+    let x: Vec<bf16> = (0..len).map(|_| bf16::from_f32(next())).collect();
+    let w: Vec<bf16> = (0..dim).map(|_| bf16::from_f32(next() * 0.2)).collect();
+    let p = RmsNormParams { rows: rows as u32, dim: dim as u32, row_stride: stride as u32, eps: 1e-6 };
+    let (xb, wb) = (s.upload(&x).unwrap(), s.upload(&w).unwrap());
+    let mut normed = s.upload(&x).unwrap();
+    ops::rms_norm(&s, &xb, &wb, &mut normed, &p).unwrap();
+    let normed = s.download(&normed).unwrap();
+    let packed: Vec<bf16> = (0..rows).flat_map(|r| normed[r * stride..r * stride + dim].to_vec()).collect();
+    let mut want_q = s.zeros::<u8>(rows * dim).unwrap();
+    let mut want_s = s.zeros::<f32>(rows * dim / 128).unwrap();
+    ops::quantize_act_fp8(&s, &s.upload(&packed).unwrap(), &mut want_q, &mut want_s, rows as u32, dim as u32).unwrap();
+    let mut xq = s.zeros::<u8>(rows * dim).unwrap();
+    let mut sx = s.zeros::<f32>(rows * dim / 128).unwrap();
+    let mut out = s.upload(&x).unwrap();
+    ops::rms_norm_fp8(&s, &xb, &wb, with_out.then_some(&mut out), &mut xq, &mut sx, &p).unwrap();
+    assert_eq!(s.download(&xq).unwrap(), s.download(&want_q).unwrap(), "codes");
+    assert_eq!(s.download(&sx).unwrap(), s.download(&want_s).unwrap(), "scales");
+    let out = s.download(&out).unwrap();
+    for r in 0..rows {
+        let row = &out[r * stride..r * stride + dim];
+        if with_out {
+            assert_eq!(row, &normed[r * stride..r * stride + dim], "row {r}");
+        } else {
+            assert_eq!(row, &x[r * stride..r * stride + dim], "out written without being asked");
+        }
+    }
+}
+
+#[test]
+fn rms_norm_fp8_equals_rms_norm_then_quantize_act_fp8() {
+    use deepinfer_kernels_ffi::{ops, Device};
+    rms_norm_fp8_case(3, 1024, 1024, 1, true);
+    rms_norm_fp8_case(5, 384, 400, 2, false);
+    rms_norm_fp8_case(1, 4096, 4096, 3, true);
+    let s = Device::cpu().default_stream();
+    let (x, w) = (s.zeros::<half::bf16>(4 * 256).unwrap(), s.zeros::<half::bf16>(256).unwrap());
+    let (mut xq, mut sx) = (s.zeros::<u8>(4 * 256).unwrap(), s.zeros::<f32>(8).unwrap());
+    let bad = |p: RmsNormParams, xq: &mut _, sx: &mut _| {
+        ops::rms_norm_fp8(&s, &x, &w, None, xq, sx, &p).unwrap_err().to_string()
+    };
+    let e = bad(RmsNormParams::packed(4, 200, 1e-6), &mut xq, &mut sx);
+    assert!(e.contains("dim"), "{e}");
+    let e = bad(RmsNormParams::packed(4, 256, 1e-6), &mut s.zeros::<u8>(100).unwrap(), &mut sx);
+    assert!(e.contains("xq"), "{e}");
+    let e = bad(RmsNormParams::packed(4, 256, 1e-6), &mut xq, &mut s.zeros::<f32>(7).unwrap());
+    assert!(e.contains("sx"), "{e}");
+    let e = bad(RmsNormParams::packed(5, 256, 1e-6), &mut xq, &mut sx);
+    assert!(e.contains("`x`"), "{e}");
+}
+
+proptest! {
+    /// Any shape: the fused op is the composition, bit for bit.
+    #[test]
+    fn rms_norm_fp8_is_the_composition(rows in 0usize..6, blocks in 1usize..5, pad in 0usize..20, seed in any::<u64>(), with_out in any::<bool>()) {
+        rms_norm_fp8_case(rows, 128 * blocks, 128 * blocks + pad, seed, with_out);
+    }
+}

@@ -115,6 +115,66 @@ fn gpu_rms_norm_matches_cpu() {
     }
 }
 
+/// RMSNorm fused with the FP8 activation quantisation (`rms_norm_fp8`): the GPU's codes and scales
+/// are exactly `quantize_act_fp8` of the bf16 result it writes (the same pass must round the same
+/// values the same way), that result is the CPU's within the bf16 tolerance, and the codes times
+/// their scales the CPU's within one e4m3 step where the bf16 inputs differ (2^-3 relative; the
+/// norm-wise error stays near the bf16 one). Shapes: one warp a row with each register count (dim
+/// 1024 / 2048 / 4096), strided rows, no bf16 output asked for, and the unfused route past 4096.
+#[test]
+fn gpu_rms_norm_fp8_matches_quantised_rms_norm() {
+    let Some(dev) = cuda_device_or_skip("gpu_rms_norm_fp8_matches_quantised_rms_norm") else { return };
+    let gpu = dev.default_stream();
+    let cpu = Device::cpu().default_stream();
+    let seed = fresh_seed();
+    println!("seed {seed}");
+    let mut rng = SplitMix(seed);
+    for (rows, dim, stride, with_out) in [
+        (1u32, 1024u32, 1024u32, true),
+        (64, 2048, 2048, true),
+        (300, 4096, 4096, false),
+        (37, 512, 520, true),
+        (3, 8192, 8192, true),
+        (2, 8192, 8192, false),
+    ] {
+        let n = (rows as usize - 1) * stride as usize + dim as usize;
+        let x: Vec<bf16> = to(&rng.vec(n).iter().map(|v| v * 3.0).collect::<Vec<_>>());
+        let w: Vec<bf16> = to(&rng.vec(dim as usize).iter().map(|v| 1.0 + 0.1 * v).collect::<Vec<_>>());
+        let p = RmsNormParams { rows, dim, row_stride: stride, eps: 1e-6 };
+        let (r, d) = (rows as usize, dim as usize);
+        let run = |s: &Stream, with_out: bool| {
+            let (xb, wb) = (s.upload(&x).unwrap(), s.upload(&w).unwrap());
+            let mut out = s.upload(&to::<bf16>(&vec![f32::NAN; n])).unwrap();
+            let mut xq = s.zeros::<u8>(r * d).unwrap();
+            let mut sx = s.zeros::<f32>(r * d / 128).unwrap();
+            ops::rms_norm_fp8(s, &xb, &wb, with_out.then_some(&mut out), &mut xq, &mut sx, &p).unwrap();
+            (s.download(&out).unwrap(), s.download(&xq).unwrap(), s.download(&sx).unwrap())
+        };
+        let rows_of =
+            |v: &[bf16]| -> Vec<bf16> { (0..r).flat_map(|i| v[i * stride as usize..][..d].to_vec()).collect() };
+        let (cpu_out, cpu_q, cpu_s) = run(&cpu, true);
+        let (gpu_out, gpu_q, gpu_s) = run(&gpu, with_out);
+        let deq = |q: &[u8], sc: &[f32]| -> Vec<f32> {
+            q.iter().enumerate().map(|(i, c)| deepinfer_kernels_ffi::quant::e4m3_to_f32(*c) * sc[i / 128]).collect()
+        };
+        let (rel, max) = rel_err(&deq(&gpu_q, &gpu_s), &deq(&cpu_q, &cpu_s));
+        println!("parity rms_norm_fp8 rows={rows} dim={dim} stride={stride} out={with_out}: codes x scales rel_err={rel:.3e} max_abs={max:.3e} (tol {BF16_TOL:.0e})");
+        assert!(rel < BF16_TOL, "rms_norm_fp8 rows={rows} dim={dim}: rel_err {rel:e}");
+        if with_out {
+            let (rel, _) = rel_err(&from(&rows_of(&gpu_out)), &from(&rows_of(&cpu_out)));
+            assert!(rel < BF16_TOL, "rms_norm_fp8 bf16 output rows={rows} dim={dim}: rel_err {rel:e}");
+            // The codes are those of the bf16 result written.
+            let mut q = gpu.zeros::<u8>(r * d).unwrap();
+            let mut sq = gpu.zeros::<f32>(r * d / 128).unwrap();
+            ops::quantize_act_fp8(&gpu, &gpu.upload(&rows_of(&gpu_out)).unwrap(), &mut q, &mut sq, rows, dim).unwrap();
+            assert_eq!(gpu.download(&q).unwrap(), gpu_q, "codes against quantize_act_fp8 of the output");
+            assert_eq!(gpu.download(&sq).unwrap(), gpu_s, "scales against quantize_act_fp8 of the output");
+        } else {
+            assert!(gpu_out.iter().all(|v| v.to_f32().is_nan()), "out written without being asked");
+        }
+    }
+}
+
 #[test]
 fn gpu_rope_matches_cpu() {
     let Some(dev) = cuda_device_or_skip("gpu_rope_matches_cpu") else {

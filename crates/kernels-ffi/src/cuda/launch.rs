@@ -75,6 +75,74 @@ pub(crate) fn rms_norm<T: Element>(
     Ok(())
 }
 
+/// [`crate::ops::rms_norm_fp8`] on CUDA (every length checked, dim % 128 == 0): the fused warp kernel
+/// (`di_rms_norm_fp8_warp*`, NORM_WARP_ROWS rows a block) where a row fits a warp's registers and
+/// its 16-byte vectors are aligned; else [`rms_norm`] into `out` (or a scratch buffer) and
+/// [`quantize_act_fp8`], for contiguous rows.
+pub(crate) fn rms_norm_fp8(
+    stream: &Stream,
+    x: &DeviceBuffer<half::bf16>,
+    w: &DeviceBuffer<half::bf16>,
+    out: Option<&mut DeviceBuffer<half::bf16>>,
+    xq: &mut DeviceBuffer<u8>,
+    sx: &mut DeviceBuffer<f32>,
+    p: &RmsNormParams,
+) -> Result<()> {
+    if p.rows == 0 {
+        return Ok(());
+    }
+    let nvec = p.dim / 8;
+    let vpl = NORM_WARP_VPL.iter().copied().find(|v| nvec <= 32 * v).filter(|_| p.row_stride.is_multiple_of(8));
+    let s = stream.cuda_stream("rms_norm_fp8", "x")?;
+    let Some(vpl) = vpl else {
+        if p.row_stride != p.dim {
+            return Err(crate::FfiError::shape(
+                "rms_norm_fp8",
+                "row_stride",
+                format!(
+                    "{} must equal dim {} on CUDA for rows past 4096 or strides not a multiple of 8",
+                    p.row_stride, p.dim
+                ),
+            ));
+        }
+        let mut scratch;
+        let y = match out {
+            Some(o) => o,
+            None => {
+                // SAFETY: uninitialised; rms_norm writes all rows * dim values before quantize reads them.
+                scratch = DeviceBuffer {
+                    storage: crate::device::Storage::Cuda(unsafe {
+                        s.alloc::<half::bf16>(p.rows as usize * p.dim as usize)
+                    }?),
+                };
+                &mut scratch
+            }
+        };
+        rms_norm(stream, x.cuda(), w.cuda(), y.cuda_mut(), p)?;
+        return quantize_act_fp8(stream, y, xq, sx, p.rows, p.dim);
+    };
+    let f = backend(stream).function("norm", &format!("di_rms_norm_fp8_warp{vpl}"))?;
+    let cfg = LaunchConfig {
+        grid_dim: (p.rows.div_ceil(NORM_WARP_ROWS), 1, 1),
+        block_dim: (32 * NORM_WARP_ROWS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let none: u64 = 0;
+    let mut l = s.launch_builder(&f);
+    l.arg(x.cuda()).arg(w.cuda());
+    match out {
+        Some(o) => l.arg(o.cuda_mut()),
+        None => l.arg(&none),
+    };
+    l.arg(xq.cuda_mut()).arg(sx.cuda_mut()).arg(p);
+    // SAFETY: matches di_rms_norm_fp8_warp* (x, w, out or null, xq, sx, params); the op checked x
+    // (and out) [(rows - 1) * row_stride + dim], w [dim], xq [rows * dim], sx [rows * dim / 128];
+    // dim % 128 == 0, row_stride % 8 == 0 (16-byte vectors: allocations are 256-byte aligned),
+    // dim / 8 <= 32 * vpl; whole warps take rows, rows past p.rows exit.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
 pub(crate) fn rope<T: Element>(
     stream: &Stream,
     x: &mut CudaSlice<T>,
