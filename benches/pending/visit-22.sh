@@ -39,6 +39,9 @@
 # to the first MMA: 0.654 -> ~0.70 on the H200), +0-3% at m = 1 and 4; the k-split W (wo_b, w1,
 # w13, wq_a) +2-6% at 4 and 16 tokens; /fp8x/requant behind both (a second launch). If so, the
 # switch goes on by default, and the engine's norms should write FP8 x.
+# Also "attn.wq_a+wkv" rows: the two projections of the same x stacked as one [1536, 4096] FP8
+# weight (6.3 MB). Predicted ~0.28-0.35 at m = 1 (between wq_a's 0.19 at 4.2 MB and w13's 0.48 at
+# 16.8 MB), where wq_a and wkv apart pay two launches.
 # Also "norm-fp8" rows: `rms_norm_fp8` (RMSNorm and the FP8 quantisation in one pass, what such a
 # norm would run) against rms_norm + quantize_act_fp8. Predicted: 1.5-2x at 16384 rows (x read once,
 # no bf16 written and read back), ~2x at 1-64 rows (one launch instead of two); gpu_parity's

@@ -552,6 +552,9 @@ fn main() {
     use ops::WeightFormat::{Fp4Row32, Fp8Block128};
     let shapes = [
         (Fp8Block128, "attn.wq_a", 1024, 4096),
+        // wq_a and wkv take the same x: stacked as one [1536, 4096] weight (their 128-row scale
+        // blocks line up), one launch instead of two, as vLLM fuses DeepSeek's q_a and kv_a.
+        (Fp8Block128, "attn.wq_a+wkv", 1536, 4096),
         (Fp8Block128, "attn.wq_b", 32768, 1024),
         (Fp8Block128, "attn.wo_b", 4096, 8192),
         (Fp8Block128, "shared_experts.w1", 2048, 4096),
