@@ -853,15 +853,9 @@ extern "C" __global__ void __launch_bounds__(256) di_quantize_x_e4m3(const __nv_
             const uint32_t c = c0 + u * halves;
             float v[8];
             const float s = pow2_scale(half_warp_block_amax(raw[u], v));
-            const float inv = pow2_recip(s);
-            uint32_t packed[2] = {0, 0};
-#pragma unroll
-            for (int i = 0; i < 8; i += 2)
-                packed[i / 4] |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v[i] * inv, v[i + 1] * inv),
-                                                                                 __NV_SATFINITE, __NV_E4M3))
-                                 << (8 * (i % 4));
+            const uint2 packed = e4m3x8(v, pow2_recip(s));
             if (c < blocks) {
-                *reinterpret_cast<uint2*>(xq + static_cast<size_t>(c) * 128 + sub * 8) = make_uint2(packed[0], packed[1]);
+                *reinterpret_cast<uint2*>(xq + static_cast<size_t>(c) * 128 + sub * 8) = packed;
                 if (sub == 0) sx[c] = s;
             }
         }

@@ -764,15 +764,9 @@ __device__ __forceinline__ void quantize_x_slice(const __nv_bfloat16* __restrict
             if (task >= tasks) continue;
             const DivSmall jt = div_small(task, m, inv_m);
             const uint32_t t = jt.r, j = jt.q;
-            const float s = pow2_scale(amax), inv = pow2_recip(s);
-            uint32_t q[2] = {0, 0};
-#pragma unroll
-            for (int i = 0; i < 8; i += 2)
-                q[i / 4] |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v[i] * inv, v[i + 1] * inv),
-                                                                            __NV_SATFINITE, __NV_E4M3))
-                            << (8 * (i % 4));
+            const float s = pow2_scale(amax);
             const uint32_t chunk = (l / 2) ^ (t & 7);
-            *reinterpret_cast<uint2*>(xs + j * N * 128 + t * 128 + chunk * 16 + (l % 2) * 8) = make_uint2(q[0], q[1]);
+            *reinterpret_cast<uint2*>(xs + j * N * 128 + t * 128 + chunk * 16 + (l % 2) * 8) = e4m3x8(v, pow2_recip(s));
             if (l == 0) sxs[j * N + t] = s;
         }
     }

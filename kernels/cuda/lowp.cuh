@@ -47,6 +47,17 @@ __device__ __forceinline__ DivSmall div_small(uint32_t a, uint32_t d, float inv)
     return {q, a - q * d};
 }
 
+// Eight values times rs (the reciprocal of their power-of-two block scale) as e4m3 codes, value i
+// in byte i: the official activation quantisation's codes (saturating at 448).
+__device__ __forceinline__ uint2 e4m3x8(const float (&v)[8], float rs) {
+    uint32_t q[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i += 2)
+        q[i / 4] |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v[i] * rs, v[i + 1] * rs), __NV_SATFINITE, __NV_E4M3))
+                    << (8 * (i % 4));
+    return make_uint2(q[0], q[1]);
+}
+
 // v rounded to e4m3 at scale s and back (exact in bf16). s is a power of two (pow2_scale), so
 // v times its reciprocal is exactly v / s.
 __device__ __forceinline__ float fp8_round(float v, float s) {

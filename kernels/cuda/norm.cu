@@ -72,6 +72,25 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// A warp's row of a warp-per-row kernel: its 16-byte vectors lane + 32 k into cache (k < VPL, up to
+// the row's nvec), and the row's rsqrt(mean(x^2) + eps).
+template <typename T, int VPL>
+__device__ __forceinline__ float warp_row_inv(const T* __restrict__ xr, int nvec, int lane, Vec16<T> (&cache)[VPL],
+                                              const DiRmsNormParams& p) {
+    constexpr int N = Vec16<T>::N;
+    float ss = 0.f;
+    #pragma unroll
+    for (int k = 0; k < VPL; ++k) {
+        const int v = lane + 32 * k;
+        if (v < nvec) {
+            cache[k] = load16(xr + (size_t)v * N);
+            #pragma unroll
+            for (int i = 0; i < N; ++i) { const float f = cache[k].get(i); ss += f * f; }
+        }
+    }
+    return rsqrtf(warp_sum(ss) / (float)p.dim + p.eps);
+}
+
 // Requires dim % N == 0, row_stride % N == 0, 16-byte aligned x/w/out and dim / N <= 32 * VPL.
 template <typename T, int VPL>
 __device__ void rms_norm_warp(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
@@ -83,17 +102,7 @@ __device__ void rms_norm_warp(const T* __restrict__ x, const T* __restrict__ w, 
     const size_t base = (size_t)row * p.row_stride;
     const int nvec = p.dim / N;
     Vec16<T> cache[VPL];
-    float ss = 0.f;
-    #pragma unroll
-    for (int k = 0; k < VPL; ++k) {
-        const int v = lane + 32 * k;
-        if (v < nvec) {
-            cache[k] = load16(x + base + (size_t)v * N);
-            #pragma unroll
-            for (int i = 0; i < N; ++i) { const float f = cache[k].get(i); ss += f * f; }
-        }
-    }
-    const float inv = rsqrtf(warp_sum(ss) / (float)p.dim + p.eps);
+    const float inv = warp_row_inv<T, VPL>(x + base, nvec, lane, cache, p);
     #pragma unroll
     for (int k = 0; k < VPL; ++k) {
         const int v = lane + 32 * k;
@@ -124,17 +133,7 @@ __device__ void rms_norm_fp8_warp(const __nv_bfloat16* __restrict__ x, const __n
     const size_t base = (size_t)row * p.row_stride;
     const int nvec = p.dim / N;
     Vec16<__nv_bfloat16> cache[VPL];
-    float ss = 0.f;
-    #pragma unroll
-    for (int k = 0; k < VPL; ++k) {
-        const int v = lane + 32 * k;
-        if (v < nvec) {
-            cache[k] = load16(x + base + (size_t)v * N);
-            #pragma unroll
-            for (int i = 0; i < N; ++i) { const float f = cache[k].get(i); ss += f * f; }
-        }
-    }
-    const float inv = rsqrtf(warp_sum(ss) / (float)p.dim + p.eps);
+    const float inv = warp_row_inv<__nv_bfloat16, VPL>(x + base, nvec, lane, cache, p);
     #pragma unroll
     for (int k = 0; k < VPL; ++k) {
         if (32 * k >= nvec) break;  // warp-uniform
@@ -146,14 +145,7 @@ __device__ void rms_norm_fp8_warp(const __nv_bfloat16* __restrict__ x, const __n
         if (out != nullptr) store16(out + base + (size_t)v * N, o);
         float vals[8];
         const float s = pow2_scale(half_warp_block_amax(o.v, vals));
-        const float rs = pow2_recip(s);
-        uint32_t packed[2] = {0, 0};
-        #pragma unroll
-        for (int i = 0; i < 8; i += 2)
-            packed[i / 4] |= static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(vals[i] * rs, vals[i + 1] * rs),
-                                                                             __NV_SATFINITE, __NV_E4M3))
-                             << (8 * (i % 4));
-        *reinterpret_cast<uint2*>(xq + (size_t)row * p.dim + (size_t)v * N) = make_uint2(packed[0], packed[1]);
+        *reinterpret_cast<uint2*>(xq + (size_t)row * p.dim + (size_t)v * N) = e4m3x8(vals, pow2_recip(s));
         if ((lane & 15) == 0) sx[(size_t)row * (p.dim / 128) + v / 16] = s;
     }
 }
