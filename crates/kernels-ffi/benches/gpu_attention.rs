@@ -220,7 +220,12 @@ fn main() {
                 let bytes = (batch * keys) as f64 * d as f64 * 2.0 + 2.0 * q.len() as f64 * 2.0;
                 let flops = 4.0 * batch as f64 * heads as f64 * keys as f64 * d as f64;
                 let floor_ms = bytes / BYTES_PER_S * 1e3;
-                let (splits, per) = decode_splits(shape);
+                // Head halves split no keys: one split of every tile (and twice the blocks).
+                let (splits, per) = if kernel.starts_with("di_attn_decode_hs") || kernel.contains("+halves") {
+                    (1, keys.div_ceil(64))
+                } else {
+                    decode_splits(shape)
+                };
                 println!(
                     "attention_decode {kernel:<17} {what:<30} batch={batch} heads={heads} keys={keys:<5} splits={splits}x{per}  {:>7.1} MB  median {ms:.4} ms  floor {floor_ms:.4} ms  achieved/floor {:.3}  {:.0} GB/s  {:.0} TFLOP/s  rel_err {rel:.1e}  graph {graph_ms:.4} ms  {:.3}",
                     bytes / 1e6,
