@@ -122,10 +122,15 @@ pub fn rms_norm_fp8(
             xq[..rows * dim].copy_from_slice(&codes);
             sx[..rows * dim / 128].copy_from_slice(&scales);
             if let Some(o) = out {
-                let Storage::Host(o) = &mut o.storage else { unreachable!("check_on verified out is on the CPU") };
-                for (r, yr) in y.chunks_exact(dim).enumerate() {
-                    let s = r * p.row_stride as usize;
-                    o[s..s + dim].copy_from_slice(yr);
+                match &mut o.storage {
+                    Storage::Host(o) => {
+                        for (r, yr) in y.chunks_exact(dim).enumerate() {
+                            let s = r * p.row_stride as usize;
+                            o[s..s + dim].copy_from_slice(yr);
+                        }
+                    }
+                    #[cfg(feature = "cuda")]
+                    _ => unreachable!("check_on verified out is on the CPU"),
                 }
             }
             Ok(())
