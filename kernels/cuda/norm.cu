@@ -92,9 +92,15 @@ __device__ __forceinline__ float warp_row_inv(const T* __restrict__ xr, int nvec
 }
 
 // Requires dim % N == 0, row_stride % N == 0, 16-byte aligned x/w/out and dim / N <= 32 * VPL.
-template <typename T, int VPL>
+// FP8 (bf16 only): the bf16 result is also quantised in the same pass exactly as di_quantize_x_e4m3
+// quantises it (e4m3 codes, one power-of-two scale per 1x128 block, amax floored at 1e-4) into xq
+// [rows, dim] and sx [rows, dim / 128], contiguous, for the FP8 GEMMs that take x already quantised
+// (gemm_fp8_act); out (x's row layout) then only where not null. dim % 128 == 0, so a 128-block is
+// the 16 vectors of one half-warp (vector v = lane + 32 k), and a half-warp is all inside the row or
+// all past it (its lanes still take part in the shuffles, which need the whole warp).
+template <typename T, int VPL, bool FP8>
 __device__ void rms_norm_warp(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
-                              DiRmsNormParams p) {
+                              uint8_t* __restrict__ xq, float* __restrict__ sx, DiRmsNormParams p) {
     constexpr int N = Vec16<T>::N;
     const uint32_t row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= p.rows) return;  // whole warps exit together: no shuffle partner goes missing
@@ -105,48 +111,23 @@ __device__ void rms_norm_warp(const T* __restrict__ x, const T* __restrict__ w, 
     const float inv = warp_row_inv<T, VPL>(x + base, nvec, lane, cache, p);
     #pragma unroll
     for (int k = 0; k < VPL; ++k) {
+        if (FP8 && 32 * k >= nvec) break;  // warp-uniform
         const int v = lane + 32 * k;
+        Vec16<T> o{};
         if (v < nvec) {
             const Vec16<T> wv = load16(w + (size_t)v * N);
-            Vec16<T> o;
             #pragma unroll
             for (int i = 0; i < N; ++i) o.set(i, wv.get(i) * (cache[k].get(i) * inv));
-            store16(out + base + (size_t)v * N, o);
+            if (!FP8 || out != nullptr) store16(out + base + (size_t)v * N, o);
         }
-    }
-}
-
-// rms_norm_warp on bf16 rows whose bf16 result is also quantised in the same pass exactly as
-// di_quantize_x_e4m3 quantises it (e4m3 codes, one power-of-two scale per 1x128 block, amax
-// floored at 1e-4): xq [rows, dim] and sx [rows, dim / 128] contiguous, for the FP8 GEMMs that take
-// x already quantised (gemm_fp8_act); out (x's row layout) only where not null. dim % 128 == 0, so
-// a 128-block is the 16 vectors of one half-warp (vector v = lane + 32 k) and an iteration's
-// vectors are all in the row or none (the shuffles need every lane).
-template <int VPL>
-__device__ void rms_norm_fp8_warp(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                                  __nv_bfloat16* __restrict__ out, uint8_t* __restrict__ xq, float* __restrict__ sx,
-                                  DiRmsNormParams p) {
-    constexpr int N = 8;
-    const uint32_t row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= p.rows) return;  // whole warps exit together
-    const int lane = threadIdx.x & 31;
-    const size_t base = (size_t)row * p.row_stride;
-    const int nvec = p.dim / N;
-    Vec16<__nv_bfloat16> cache[VPL];
-    const float inv = warp_row_inv<__nv_bfloat16, VPL>(x + base, nvec, lane, cache, p);
-    #pragma unroll
-    for (int k = 0; k < VPL; ++k) {
-        if (32 * k >= nvec) break;  // warp-uniform
-        const int v = lane + 32 * k;
-        const Vec16<__nv_bfloat16> wv = load16(w + (size_t)v * N);
-        Vec16<__nv_bfloat16> o;
-        #pragma unroll
-        for (int i = 0; i < N; ++i) o.set(i, wv.get(i) * (cache[k].get(i) * inv));
-        if (out != nullptr) store16(out + base + (size_t)v * N, o);
-        float vals[8];
-        const float s = pow2_scale(half_warp_block_amax(o.v, vals));
-        *reinterpret_cast<uint2*>(xq + (size_t)row * p.dim + (size_t)v * N) = e4m3x8(vals, pow2_recip(s));
-        if ((lane & 15) == 0) sx[(size_t)row * (p.dim / 128) + v / 16] = s;
+        if constexpr (FP8) {
+            float vals[8];
+            const float s = pow2_scale(half_warp_block_amax(o.v, vals));
+            if (v < nvec) {
+                *reinterpret_cast<uint2*>(xq + (size_t)row * p.dim + (size_t)v * N) = e4m3x8(vals, pow2_recip(s));
+                if ((lane & 15) == 0) sx[(size_t)row * (p.dim / 128) + v / 16] = s;
+            }
+        }
     }
 }
 
@@ -184,17 +165,17 @@ extern "C" __global__ void di_rms_norm_scalar_bf16(const __nv_bfloat16* x, const
 #define DI_RMS_NORM_WARP(VPL)                                                                        \
     extern "C" __global__ void di_rms_norm_warp##VPL##_f32(const float* x, const float* w, float* out, \
                                                            DiRmsNormParams p) {                      \
-        rms_norm_warp<float, VPL>(x, w, out, p);                                                     \
+        rms_norm_warp<float, VPL, false>(x, w, out, nullptr, nullptr, p);                                                     \
     }                                                                                                \
     extern "C" __global__ void di_rms_norm_warp##VPL##_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, \
                                                             __nv_bfloat16* out, DiRmsNormParams p) { \
-        rms_norm_warp<__nv_bfloat16, VPL>(x, w, out, p);                                             \
+        rms_norm_warp<__nv_bfloat16, VPL, false>(x, w, out, nullptr, nullptr, p);                                             \
     }
 #define DI_RMS_NORM_FP8_WARP(VPL)                                                                          \
     extern "C" __global__ void di_rms_norm_fp8_warp##VPL(const __nv_bfloat16* x, const __nv_bfloat16* w,       \
                                                          __nv_bfloat16* out, uint8_t* xq, float* sx,          \
                                                          DiRmsNormParams p) {                                 \
-        rms_norm_fp8_warp<VPL>(x, w, out, xq, sx, p);                                                         \
+        rms_norm_warp<__nv_bfloat16, VPL, true>(x, w, out, xq, sx, p);                                                         \
     }
 DI_RMS_NORM_FP8_WARP(4)
 DI_RMS_NORM_FP8_WARP(8)

@@ -120,7 +120,8 @@ fn gpu_rms_norm_matches_cpu() {
 /// values the same way), that result is the CPU's within the bf16 tolerance, and the codes times
 /// their scales the CPU's within one e4m3 step where the bf16 inputs differ (2^-3 relative; the
 /// norm-wise error stays near the bf16 one). Shapes: one warp a row with each register count (dim
-/// 1024 / 2048 / 4096), strided rows, no bf16 output asked for, and the unfused route past 4096.
+/// 1024 / 2048 / 4096), rows of an odd number of 128-blocks, strided rows, no bf16 output asked
+/// for, and the unfused route past 4096.
 #[test]
 fn gpu_rms_norm_fp8_matches_quantised_rms_norm() {
     let Some(dev) = cuda_device_or_skip("gpu_rms_norm_fp8_matches_quantised_rms_norm") else { return };
@@ -134,6 +135,9 @@ fn gpu_rms_norm_fp8_matches_quantised_rms_norm() {
         (64, 2048, 2048, true),
         (300, 4096, 4096, false),
         (37, 512, 520, true),
+        // dim an odd multiple of 128: the last half-warp of a row's vectors is past it.
+        (9, 384, 392, true),
+        (5, 1152, 1152, false),
         (3, 8192, 8192, true),
         (2, 8192, 8192, false),
     ] {
