@@ -62,21 +62,8 @@ want() { case " $parts " in *" $1 "*) return 0;; *) return 1;; esac; }
 d=$(cd "$(dirname "$0")" && pwd)
 here=$(mktemp -d)
 r=$(mktemp -d)
-python3 - "$d" "$here" <<'PY'
-import lzma, os, sys
-src, dst = sys.argv[1], sys.argv[2]
-for sub in ("tests", "benches"):
-    os.makedirs(os.path.join(dst, sub), exist_ok=True)
-    for f in os.listdir(os.path.join(src, sub)):
-        if f.endswith(".xz"):
-            o = os.path.join(dst, sub, f[:-3])
-            with lzma.open(os.path.join(src, sub, f)) as i, open(o, "wb") as w:
-                w.write(i.read())
-            os.chmod(o, 0o755)
-PY
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0
-export DEEPINFER_REQUIRE_GPU=1
+. "$d/bundle.sh"
+unpack_bundle "$d" "$here"
 save() { tar czf "$out/visit.tgz" -C "$r" .; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$r/doctor.txt" 2>&1
 cat "$r/doctor.txt"

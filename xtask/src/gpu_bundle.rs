@@ -4,9 +4,11 @@
 //! The GPU machine has no Rust and no network: we ship the release `deepinfer` binary (kernels
 //! embedded), every GPU test executable (`crates/*/tests/gpu_*.rs`) and GPU benchmark
 //! (`crates/*/benches/gpu_*.rs`), built here, plus `run.sh OUTDIR`, which sets the CUDA library
-//! path, runs them all and writes the results into OUTDIR. When the executables and the tree pass
-//! the carry limit together, the bundle is split into `target/gpu-bundle/part-N` folders, each with
-//! its own run.sh, one device call each.
+//! path, runs them all and writes the results into OUTDIR. Both take `bundle.sh` (sourced): the
+//! GPU machine's environment and `unpack_bundle SRC DST`, which a visit script of its own (a
+//! `benches/pending/*.sh` copied into the bundle) sources too. When the executables and the tree
+//! pass the carry limit together, the bundle is split into `target/gpu-bundle/part-N` folders, each
+//! with its own run.sh and bundle.sh, one device call each.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -124,7 +126,7 @@ pub fn run(only: Option<&str>) -> Result<()> {
     }
 
     let script = bundle.join("run.sh");
-    fs::write(&script, RUN_SH)?;
+    write_scripts(&bundle)?;
     cmd!(sh, "chmod +x {script}").run()?;
     let tree = tree_bytes(&sh)?;
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -224,7 +226,7 @@ fn split_into_parts(bundle: &Path, capacity: u64) -> Result<Vec<(PathBuf, u64)>>
             fs::rename(bundle.join(kind).join(name), dir.join(kind).join(name))?;
             bytes += size;
         }
-        fs::write(dir.join("run.sh"), RUN_SH)?;
+        write_scripts(&dir)?;
         let sh = workspace::shell()?;
         let script = dir.join("run.sh");
         cmd!(sh, "chmod +x {script}").run()?;
@@ -234,19 +236,23 @@ fn split_into_parts(bundle: &Path, capacity: u64) -> Result<Vec<(PathBuf, u64)>>
         let _ = fs::remove_dir(bundle.join(kind));
     }
     fs::remove_file(bundle.join("run.sh"))?;
+    fs::remove_file(bundle.join("bundle.sh"))?;
     Ok(parts)
 }
 
-const RUN_SH: &str = r####"#!/usr/bin/env bash
-# Runs every GPU test and benchmark of this bundle; results go to the folder given as $1.
-# Made by `cargo xtask gpu-bundle`. GPU tests fail here (instead of skipping) when no GPU is seen.
-set -u
-out=${1:?usage: run.sh OUTDIR}
-packed=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out"
-# The executables travel xz-compressed: unpack them (python3's lzma; the machine may lack xz).
-here=$(mktemp -d)
-python3 - "$packed" "$here" <<'PY'
+/// run.sh and the bundle.sh it sources, into a bundle (or part) folder.
+fn write_scripts(dir: &Path) -> Result<()> {
+    fs::write(dir.join("run.sh"), RUN_SH)?;
+    fs::write(dir.join("bundle.sh"), BUNDLE_SH)?;
+    Ok(())
+}
+
+const BUNDLE_SH: &str = r####"# Sourced by run.sh and by visit scripts copied into the bundle (made by `cargo xtask gpu-bundle`):
+# the GPU machine's environment, and unpack_bundle SRC DST, which unpacks the bundle's xz-compressed
+# executables (bin/, tests/, benches/ of SRC) into the same folders of DST with python3's lzma (the
+# machine may lack xz). GPU tests fail there (instead of skipping) when no GPU is seen.
+unpack_bundle() {
+python3 - "$1" "$2" <<'PY'
 import lzma, os, sys
 src, dst = sys.argv[1], sys.argv[2]
 for d in ("bin", "tests", "benches"):
@@ -260,10 +266,23 @@ for d in ("bin", "tests", "benches"):
                 w.write(i.read())
             os.chmod(o, 0o755)
 PY
+}
 # cuBLASLt and friends are opened by name at run time (GPU.md).
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 export DEEPINFER_REQUIRE_GPU=1
+"####;
+
+const RUN_SH: &str = r####"#!/usr/bin/env bash
+# Runs every GPU test and benchmark of this bundle; results go to the folder given as $1.
+# Made by `cargo xtask gpu-bundle`.
+set -u
+out=${1:?usage: run.sh OUTDIR}
+packed=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+. "$packed/bundle.sh"
+here=$(mktemp -d)
+unpack_bundle "$packed" "$here"
 status=0
 if [ -x "$here/bin/deepinfer" ]; then
   { echo "# deepinfer doctor, $(date -u +%FT%TZ)"; "$here/bin/deepinfer" doctor; } 2>&1 | tee "$out/doctor.txt" || status=1
