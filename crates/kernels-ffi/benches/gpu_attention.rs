@@ -24,8 +24,6 @@ use deepinfer_kernels_ffi::testing::{
 use half::bf16;
 
 const BYTES_PER_S: f64 = 4.3e12;
-/// In a bench config's head-halves limit: run them on the S-warpgroup kernel (`set_head_halves_sp`).
-const HALVES_SP: u32 = 1 << 31;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -98,32 +96,32 @@ fn main() {
             // ("+halves", `set_head_halves_max_tiles`) and never; S on a tile's first half of dims
             // before the second lands, switched from the default ("/shalf" on, "/noshalf" off).
             let (default_halves, default_shalf) = (head_halves_max_tiles(), s_half_first());
-            // (tma, s_wg, f32_merge, pdl, head halves up to, S half first)
+            // (tma, s_wg, f32_merge, pdl, head halves up to, their S-warpgroup form, S half first)
             let mut configs = Vec::new();
             for &t in variants {
                 for &k in kernels {
                     for &m in merges {
-                        configs.push((t, k, m, true, default_halves, default_shalf));
+                        configs.push((t, k, m, true, default_halves, false, default_shalf));
                         if wgmma && t && k && !m {
-                            configs.push((t, k, m, false, default_halves, default_shalf));
+                            configs.push((t, k, m, false, default_halves, false, default_shalf));
                             if !no_halves {
-                                configs.push((t, k, m, true, 0, default_shalf));
-                                configs.push((t, k, m, true, u32::MAX, default_shalf));
-                                configs.push((t, k, m, true, u32::MAX | HALVES_SP, default_shalf));
+                                configs.push((t, k, m, true, 0, false, default_shalf));
+                                configs.push((t, k, m, true, u32::MAX, false, default_shalf));
+                                configs.push((t, k, m, true, u32::MAX, true, default_shalf));
                             }
-                            configs.push((t, k, m, true, default_halves, !default_shalf));
+                            configs.push((t, k, m, true, default_halves, false, !default_shalf));
                         }
                     }
                 }
             }
             let mut seen = Vec::new();
-            for (tma, s_wg, f32_merge, pdl, halves, shalf) in configs {
+            for (tma, s_wg, f32_merge, pdl, halves, halves_sp, shalf) in configs {
                 set_tma_runs(tma);
                 set_s_warpgroup(s_wg);
                 set_merge_f32(f32_merge);
                 ops::set_pdl(pdl);
-                set_head_halves_max_tiles(halves & !HALVES_SP);
-                set_head_halves_sp(halves & HALVES_SP != 0);
+                set_head_halves_max_tiles(halves);
+                set_head_halves_sp(halves_sp);
                 set_s_half_first(shalf);
                 let kernel = cuda_kernel(&s, shape).unwrap_or_default();
                 // A setting the kernel ignores, or a forced one that picks what another row already

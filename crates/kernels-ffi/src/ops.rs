@@ -32,6 +32,17 @@ pub(crate) fn check_len<T: Element>(
     Ok(())
 }
 
+/// An RMSNorm's row stride (at least dim) and epsilon (finite, non-negative), errors naming them.
+fn check_norm_rows(op: &'static str, p: &RmsNormParams) -> Result<()> {
+    if p.row_stride < p.dim {
+        return Err(FfiError::shape(op, "row_stride", format!("{} is less than dim {}", p.row_stride, p.dim)));
+    }
+    if !(p.eps >= 0.0 && p.eps.is_finite()) {
+        return Err(FfiError::shape(op, "eps", format!("{} is not a finite non-negative number", p.eps)));
+    }
+    Ok(())
+}
+
 /// RMSNorm of `p.rows` rows of `p.dim` elements into `out` (same layout as `x`).
 pub fn rms_norm<T: Element>(
     stream: &Stream,
@@ -44,12 +55,7 @@ pub fn rms_norm<T: Element>(
     if p.dim == 0 {
         return Err(FfiError::shape(OP, "dim", "must be positive"));
     }
-    if p.row_stride < p.dim {
-        return Err(FfiError::shape(OP, "row_stride", format!("{} is less than dim {}", p.row_stride, p.dim)));
-    }
-    if !(p.eps >= 0.0 && p.eps.is_finite()) {
-        return Err(FfiError::shape(OP, "eps", format!("{} is not a finite non-negative number", p.eps)));
-    }
+    check_norm_rows(OP, p)?;
     let need = strided_len(p.rows, p.dim, p.row_stride);
     check_len(OP, "x", x, need)?;
     check_len(OP, "out", out, need)?;
@@ -90,12 +96,7 @@ pub fn rms_norm_fp8(
     if p.dim == 0 || !p.dim.is_multiple_of(128) {
         return Err(FfiError::shape(OP, "dim", format!("{} must be a positive multiple of 128", p.dim)));
     }
-    if p.row_stride < p.dim {
-        return Err(FfiError::shape(OP, "row_stride", format!("{} is less than dim {}", p.row_stride, p.dim)));
-    }
-    if !(p.eps >= 0.0 && p.eps.is_finite()) {
-        return Err(FfiError::shape(OP, "eps", format!("{} is not a finite non-negative number", p.eps)));
-    }
+    check_norm_rows(OP, p)?;
     let need = strided_len(p.rows, p.dim, p.row_stride);
     let (rows, dim) = (p.rows as usize, p.dim as usize);
     check_len(OP, "x", x, need)?;
