@@ -129,11 +129,8 @@ pub fn cuda_kernel(stream: &Stream, shape: DecodeAttnShape) -> Option<&'static s
     match stream.device() {
         #[cfg(feature = "cuda")]
         crate::device::Device::Cuda(_) => {
-            if crate::cuda::attention::head_halves(stream, shape) {
-                return Some(if head_halves_sp() { "di_attn_decode_sp+halves" } else { "di_attn_decode_hs" });
-            }
-            let (splits, per) = decode_splits(shape);
-            Some(crate::cuda::attention::decode_kernel(stream, splits, per, shape.batch).1)
+            let l = crate::cuda::attention::decode_launch(stream, shape);
+            Some(if l.halves && l.kernel == "di_attn_decode_sp" { "di_attn_decode_sp+halves" } else { l.kernel })
         }
         _ => {
             let _ = shape;

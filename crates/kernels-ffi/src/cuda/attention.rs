@@ -89,6 +89,28 @@ pub(crate) fn head_halves(stream: &Stream, shape: DecodeAttnShape) -> bool {
         && tiles <= crate::attention::head_halves_max_tiles()
 }
 
+/// How `attention_decode` launches for a shape: the kernel (module, entry point), the key splits
+/// and tiles a split, and whether each sequence's heads run as two blocks ([`head_halves`]).
+pub(crate) struct DecodeLaunch {
+    pub module: &'static str,
+    pub kernel: &'static str,
+    pub splits: u32,
+    pub per: u32,
+    pub halves: bool,
+}
+
+pub(crate) fn decode_launch(stream: &Stream, shape: DecodeAttnShape) -> DecodeLaunch {
+    let halves = head_halves(stream, shape);
+    if !halves {
+        let (splits, per) = decode_splits(shape);
+        let (module, kernel) = decode_kernel(stream, splits, per, shape.batch);
+        return DecodeLaunch { module, kernel, splits, per, halves };
+    }
+    let kernel = if crate::attention::head_halves_sp() { "di_attn_decode_sp" } else { "di_attn_decode_hs" };
+    let per = shape.max_keys.div_ceil(crate::attention::CUDA_KEY_TILE).max(1);
+    DecodeLaunch { module: "attention_sm90", kernel, splits: 1, per, halves }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode(
     stream: &Stream,
@@ -104,17 +126,7 @@ pub(crate) fn attention_decode(
 ) -> Result<()> {
     let s = stream.cuda_stream("attention_decode", "q")?;
     let be = backend(stream);
-    let halves = head_halves(stream, shape);
-    let (splits, per) = if halves {
-        (1, shape.max_keys.div_ceil(crate::attention::CUDA_KEY_TILE).max(1))
-    } else {
-        decode_splits(shape)
-    };
-    let (module, kernel) = match halves {
-        true if crate::attention::head_halves_sp() => ("attention_sm90", "di_attn_decode_sp"),
-        true => ("attention_sm90", "di_attn_decode_hs"),
-        false => decode_kernel(stream, splits, per, shape.batch),
-    };
+    let DecodeLaunch { module, kernel, splits, per, halves } = decode_launch(stream, shape);
     // With head halves the kernel sees twice the sequences of half the heads: q and out as [2 batch,
     // heads / 2, 512] (the same bytes), block b taking sequence b / 2's heads (b % 2) * heads / 2..
     let (grid_seqs, grid_heads) = if halves { (2 * shape.batch, shape.heads / 2) } else { (shape.batch, shape.heads) };
