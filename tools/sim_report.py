@@ -3,7 +3,7 @@
 write the raw JSON lines plus a markdown summary.
 
     python3 tools/sim_report.py --bin target/release/deepinfer \
-        --trace crates/kv/tests/fixtures/conversation_trace.jsonl --out benches/results/2026-11-29-scheduler
+        --trace crates/kv/tests/fixtures/conversation_trace.jsonl.gz --out benches/results/2026-11-29-scheduler
 """
 import argparse, json, os, subprocess
 

@@ -8,8 +8,8 @@ log.json and samples.json. Writes OUT/deepinfer-tiny-v4/:
   config.json, model.safetensors   official V4 names and dtypes (MODEL_V4.md §10), weights in bf16
                                    (hyper-connection parameters, sinks, ape and gate biases in f32)
   reference.safetensors, meta.json  transformers' outputs on validation text, in the layout of
-                                   tools/make_tiny_v4.py (input_ids, logits, decode_logits,
-                                   layer_out.L, router_topk.L, indexer_topk.L, mtp_logits, ...);
+                                   tools/make_tiny_v4.py (input_ids, logits, final_hidden,
+                                   router_topk.L, indexer_topk.L, mtp_logits, ...);
                                    make_tiny_v4 also reloads the directory through
                                    DeepseekV4ForCausalLM.from_pretrained and compares
   tokenizer.json, tokenizer_config.json

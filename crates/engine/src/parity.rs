@@ -33,7 +33,9 @@ pub struct ParityReport {
     pub numerics: String,
     pub logits_max_abs_err: f64,
     pub decode_max_abs_err: f64,
-    pub layer_out_max_abs_err: f64,
+    /// `None` where the reference keeps no per-layer streams (only the `small` fixture does: they are
+    /// diagnostics, 2.5 MB on `real`, and the logits decide `passed`).
+    pub layer_out_max_abs_err: Option<f64>,
     pub final_hidden_max_abs_err: f64,
     pub mtp_max_abs_err: Option<f64>,
     pub router_topk_mismatches: usize,
@@ -90,11 +92,12 @@ pub fn check(dir: &Path, prefill: Option<usize>, numerics: Numerics) -> Result<P
     let trace = trace.ok_or_else(|| ParityError::Bad("no trace".into()))?;
     let ref_logits = refs.f32("logits", &[s, v], no_block)?;
     let logits_err = max_abs(&out.logits, &ref_logits);
-    let mut layer_err = 0f64;
+    let mut layer_err: Option<f64> = None;
     for (l, ours) in trace.layer_out.iter().enumerate() {
         let name = format!("layer_out.{l}");
         if refs.contains(&name) {
-            layer_err = layer_err.max(max_abs(ours, &refs.f32(&name, &[s, hc, d], no_block)?));
+            let e = max_abs(ours, &refs.f32(&name, &[s, hc, d], no_block)?);
+            layer_err = Some(layer_err.unwrap_or(0.0).max(e));
         }
     }
     let final_err = if refs.contains("final_hidden") {
@@ -144,7 +147,15 @@ pub fn check(dir: &Path, prefill: Option<usize>, numerics: Numerics) -> Result<P
         let (o, _) = model.forward(&mut [(&ids[i..i + 1], &mut st)], numerics, false)?;
         dec.extend_from_slice(&o[0].logits);
     }
-    let decode_err = max_abs(&dec, &refs.f32("decode_logits", &[s, v], no_block)?);
+    // The cached run must reproduce the full forward (TESTING.md). Its oracle is transformers' own
+    // cached decode where the fixture keeps it (`small`), else its full-forward logits: the two
+    // differ by at most 1.3e-5 on the committed references (meta.json `decode_vs_full_max_abs_diff`).
+    let decode_ref = if refs.contains("decode_logits") {
+        refs.f32("decode_logits", &[s, v], no_block)?
+    } else {
+        ref_logits.clone()
+    };
+    let decode_err = max_abs(&dec, &decode_ref);
 
     let mut greedy = 0;
     for t in 0..s {

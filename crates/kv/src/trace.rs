@@ -4,7 +4,8 @@
 //! In order: a request hits its leading cached blocks (the last capped at `input_length`), then
 //! all its blocks are in the cache.
 
-use std::io::BufRead;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +19,20 @@ pub struct TraceRequest {
     pub input_length: usize,
     pub output_length: usize,
     pub hash_ids: Vec<u64>,
+}
+
+/// Open a trace file for reading, inflating it when it is gzip-compressed (by its magic bytes, so
+/// `trace.jsonl.gz` and a compressed file under any name both work; public traces ship compressed).
+pub fn open_trace_file(path: &Path) -> Result<Box<dyn BufRead>, KvError> {
+    let io = |e| KvError::Io { path: path.display().to_string(), source: e };
+    let mut f = BufReader::new(std::fs::File::open(path).map_err(io)?);
+    let gz = f.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gz { Box::new(BufReader::new(flate2::bufread::GzDecoder::new(f))) } else { Box::new(f) })
+}
+
+/// Read a JSONL trace file (plain or gzip); errors name the line.
+pub fn load_trace_file(path: &Path) -> Result<Vec<TraceRequest>, KvError> {
+    read_trace(open_trace_file(path)?)
 }
 
 /// Read a JSONL trace; errors name the line.

@@ -1,15 +1,15 @@
 //! Prefix-cache replay of the Mooncake FAST'25 conversation trace (tests/fixtures, Apache-2.0,
-//! copied verbatim; sha256 b8cbb061...). Reference figures from `tools/trace_stats.py`:
+//! copied verbatim, committed gzip-compressed; sha256 of the uncompressed file b8cbb061...). Reference figures from `tools/trace_stats.py`:
 //! unlimited prefix hit rate 0.374, naive block LRU at 20,000 blocks 0.293.
 
 use std::io::BufReader;
 
-use deepinfer_kv::trace::{read_trace, replay};
+use deepinfer_kv::trace::{load_trace_file, read_trace, replay};
 use deepinfer_kv::EvictionPolicy;
 
 fn trace() -> Vec<deepinfer_kv::trace::TraceRequest> {
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conversation_trace.jsonl");
-    read_trace(BufReader::new(std::fs::File::open(p).unwrap())).unwrap()
+    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/conversation_trace.jsonl.gz");
+    load_trace_file(std::path::Path::new(p)).unwrap()
 }
 
 #[test]

@@ -1,11 +1,10 @@
 //! `deepinfer kv ...`: the KV system from the command line.
 
-use std::io::BufReader;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use deepinfer_kv::trace::{read_trace, replay};
+use deepinfer_kv::trace::{load_trace_file, replay};
 use deepinfer_kv::EvictionPolicy;
 
 #[derive(clap::Subcommand)]
@@ -40,8 +39,7 @@ pub fn run(cmd: KvCommand) -> Result<ExitCode> {
             };
             anyhow::ensure!(a.block_tokens > 0, "--block-tokens must be positive");
             anyhow::ensure!(a.capacity_blocks != Some(0), "--capacity-blocks must be positive");
-            let f = std::fs::File::open(&a.trace).with_context(|| format!("opening {}", a.trace.display()))?;
-            let reqs = read_trace(BufReader::new(f)).with_context(|| format!("reading {}", a.trace.display()))?;
+            let reqs = load_trace_file(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
             let report = replay(&reqs, a.capacity_blocks, a.block_tokens, policy);
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)

@@ -48,7 +48,7 @@ fn check_parity_on_a_missing_directory_fails_with_its_path() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model-dir"));
 }
 
-const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../kv/tests/fixtures/conversation_trace.jsonl");
+const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../kv/tests/fixtures/conversation_trace.jsonl.gz");
 
 #[test]
 fn kv_replay_prints_the_hit_rate() {

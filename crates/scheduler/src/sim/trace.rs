@@ -76,11 +76,12 @@ pub fn load_azure_csv(r: impl BufRead) -> Result<Vec<SimRequest>, KvError> {
     Ok(out)
 }
 
-/// A trace file by extension: `.jsonl` Mooncake, `.csv` Azure.
+/// A trace file by extension (after an optional `.gz`): `.jsonl` Mooncake, `.csv` Azure.
 pub fn load_trace(path: &Path) -> Result<Vec<SimRequest>, KvError> {
-    let f = std::fs::File::open(path).map_err(|e| KvError::Io { path: path.display().to_string(), source: e })?;
-    let r = std::io::BufReader::new(f);
-    match path.extension().and_then(|e| e.to_str()) {
+    let r = deepinfer_kv::trace::open_trace_file(path)?;
+    let name = path.to_string_lossy();
+    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    match Path::new(name).extension().and_then(|e| e.to_str()) {
         Some("csv") => load_azure_csv(r),
         _ => load_mooncake(r),
     }
