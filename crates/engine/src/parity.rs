@@ -150,11 +150,8 @@ pub fn check(dir: &Path, prefill: Option<usize>, numerics: Numerics) -> Result<P
     // The cached run must reproduce the full forward (TESTING.md). Its oracle is transformers' own
     // cached decode where the fixture keeps it (`small`), else its full-forward logits: the two
     // differ by at most 1.3e-5 on the committed references (meta.json `decode_vs_full_max_abs_diff`).
-    let decode_ref = if refs.contains("decode_logits") {
-        refs.f32("decode_logits", &[s, v], no_block)?
-    } else {
-        ref_logits.clone()
-    };
+    let decode_ref =
+        if refs.contains("decode_logits") { refs.f32("decode_logits", &[s, v], no_block)? } else { ref_logits.clone() };
     let decode_err = max_abs(&dec, &decode_ref);
 
     let mut greedy = 0;
