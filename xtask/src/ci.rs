@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::Result;
 use xshell::cmd;
 
-use crate::{bindgen_cmd, kernels, workspace};
+use crate::{bindgen_cmd, kernels, py_clients, workspace};
 
 pub fn run() -> Result<()> {
     let sh = workspace::shell()?;
@@ -31,7 +31,13 @@ pub fn run() -> Result<()> {
     })?;
     // Tests run with the CUDA backend compiled in: without a GPU they exercise its error paths and
     // the GPU tests print that they were skipped.
-    timed("tests", &mut || Ok(cmd!(sh, "cargo test --workspace --locked --features deepinfer/cuda").run()?))?;
+    // The server's suite drives it with the official Python clients, pinned in a venv.
+    let python = py_clients::python()?;
+    timed("tests", &mut || {
+        Ok(cmd!(sh, "cargo test --workspace --locked --features deepinfer/cuda")
+            .env("DEEPINFER_PYTHON", &python)
+            .run()?)
+    })?;
     println!("\nci: all steps passed in {:.0}s", start.elapsed().as_secs_f32());
     for (name, secs) in times {
         println!("  {name:<16} {secs:>7.1}s");

@@ -7,6 +7,7 @@ mod ci;
 mod cuda_toolchain;
 mod gpu_bundle;
 mod kernels;
+mod py_clients;
 mod workspace;
 
 use anyhow::{bail, Result};
@@ -16,6 +17,8 @@ usage: cargo xtask <command> [options]
 
 commands:
   cuda-toolchain               install the pinned CUDA 13.0 compiler wheels into target/cuda-toolchain
+  py-clients                   install the pinned openai/anthropic/pytest wheels into target/py-clients
+                               (the server's client suite runs with them)
   kernels [--check]            compile kernels/cuda/*.cu to fatbins in target/kernels (--check: fail if
                                kernels/kernels.lock is stale)
   build [--accelerator nvidia|ascend|cpu] [--release]
@@ -39,6 +42,11 @@ fn main() -> Result<()> {
             flags.only(&[])?;
             let nvcc = cuda_toolchain::nvcc()?;
             println!("nvcc: {}", nvcc.display());
+            Ok(())
+        }
+        "py-clients" => {
+            flags.only(&[])?;
+            println!("python: {}", py_clients::python()?.display());
             Ok(())
         }
         "kernels" => {

@@ -118,8 +118,14 @@ fn the_stream_carries_every_token_and_cancel_stops_one_request() {
     let long = h.submit(GenerateRequest::new(9, tokens(30, 5), 5000, sampling.clone()));
     // Cancel the long one after its first token.
     match long.recv().unwrap() {
+        Event::Admitted { id, prompt_tokens, cached_tokens } => {
+            assert_eq!((id, prompt_tokens, cached_tokens), (9, 30, 0))
+        }
+        e => panic!("the stream starts with Admitted: {e:?}"),
+    }
+    match long.recv().unwrap() {
         Event::Token { id, .. } => assert_eq!(id, 9),
-        Event::Done(o) => panic!("finished early: {o:?}"),
+        e => panic!("finished early: {e:?}"),
     }
     h.cancel(9);
     let rest: Vec<Event> = long.iter().collect();

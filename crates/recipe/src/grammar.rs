@@ -118,8 +118,10 @@ fn dsml_literal(text: &str, dsml: Option<u32>) -> String {
 
 /// The DSML tool-call block (the V4 encoding's format) as a Lark grammar over `tools` (a JSON
 /// list of {"type": "function", "function": {"name", "parameters"}}): one or more invocations of
-/// declared tools with declared parameter names. `dsml` is the id of the `｜DSML｜` token.
-fn tool_call_grammar(schema: &str, dsml: Option<u32>) -> Result<String, RecipeError> {
+/// declared tools with declared parameter names, after free text unless `required` (the official
+/// kinds `tool_call` for `auto` and `tool_call_required` for `required` and named choices).
+/// `dsml` is the id of the `｜DSML｜` token.
+fn tool_call_grammar(schema: &str, dsml: Option<u32>, required: bool) -> Result<String, RecipeError> {
     let d = |t: &str| dsml_literal(t, dsml);
     let tools: Vec<Value> =
         serde_json::from_str(schema).map_err(|e| RecipeError::Stream(format!("tool_call schema: {e}")))?;
@@ -128,31 +130,71 @@ fn tool_call_grammar(schema: &str, dsml: Option<u32>) -> Result<String, RecipeEr
     for (i, t) in tools.iter().enumerate() {
         let f = &t["function"];
         let name = f["name"].as_str().unwrap_or_default();
-        let params: Vec<String> = f["parameters"]["properties"]
-            .as_object()
-            .map(|o| o.keys().map(|k| lark_str(k)).collect())
-            .unwrap_or_default();
-        let pname = if params.is_empty() { "\"\"".to_string() } else { params.join(" | ") };
+        let props = f["parameters"]["properties"].as_object();
+        let required: Vec<&str> =
+            f["parameters"]["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        // One rule per declared parameter, in the schema's order (serde_json's `preserve_order` is on
+        // in this workspace); required ones are mandatory, each at most once.
+        let mut seq = Vec::new();
+        for (j, (pname, pschema)) in props.into_iter().flatten().enumerate() {
+            let rule = format!("p{i}_{j}");
+            let value = param_value(pschema)?;
+            rules.push_str(&format!(
+                "{rule}: {} {value} {}\n",
+                d(&format!("<｜DSML｜parameter name=\"{pname}\" string=\"")),
+                d("</｜DSML｜parameter>\n"),
+            ));
+            seq.push(if required.contains(&pname.as_str()) { rule } else { format!("{rule}?") });
+        }
         rules.push_str(&format!(
-            "inv{i}: {} param{i}* {}\nparam{i}: {} ({pname}) {} (\"true\" | \"false\") {} VALUE {}\n",
+            "inv{i}: {} {} {}\n",
             d(&format!("<｜DSML｜invoke name=\"{name}\">\n")),
+            seq.join(" "),
             d("</｜DSML｜invoke>\n"),
-            d("<｜DSML｜parameter name=\""),
-            d("\" string=\""),
-            d("\">"),
-            d("</｜DSML｜parameter>\n"),
         ));
         invokes.push(format!("inv{i}"));
     }
     if invokes.is_empty() {
         return Err(RecipeError::Stream("tool_call constraint without tools".into()));
     }
-    Ok(format!(
-        "start: {} invoke+ {}\ninvoke: {}\n{rules}VALUE: /[^<]*/\n",
-        d("<｜DSML｜tool_calls>\n"),
-        d("</｜DSML｜tool_calls>"),
-        invokes.join(" | ")
-    ))
+    // The block opens with `<` then the marker token. With `required` the output is the block;
+    // otherwise (`auto`) any text, or text whose last character is that `<` and then the block
+    // (the marker is a token no text lexeme can contain, so the two alternatives part there).
+    let block_rest = format!("{} invoke+ {}", d("｜DSML｜tool_calls>\n"), d("</｜DSML｜tool_calls>"));
+    let start = if required {
+        format!("start: \"<\" {block_rest}\n")
+    } else {
+        format!("start: PROSE | LEAD {block_rest}\nPROSE: /(?s:.*)/\nLEAD: /(?s:.*<)/\n")
+    };
+    Ok(format!("{start}invoke: {}\n{rules}", invokes.join(" | ")))
+}
+
+/// The grammar of one parameter's value as the V4 template writes it: a string raw after
+/// `string="true">` (its `enum` or `maxLength` kept), anything else as JSON after `string="false">`
+/// matching the parameter's schema.
+fn param_value(schema: &Value) -> Result<String, RecipeError> {
+    if schema["type"].as_str() == Some("string") {
+        let body = if let Some(values) = schema["enum"].as_array() {
+            let alts: Vec<String> = values.iter().filter_map(Value::as_str).map(lark_str).collect();
+            if alts.is_empty() {
+                return Err(RecipeError::Stream("a string parameter's `enum` lists no strings".into()));
+            }
+            format!("({})", alts.join(" | "))
+        } else {
+            match schema["maxLength"].as_u64() {
+                Some(n) => format!("/[^<]{{0,{n}}}/"),
+                None => "/[^<]*/".to_string(),
+            }
+        };
+        return Ok(format!("{} {body}", lark_str("true\">")));
+    }
+    let mut schema = schema.clone();
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(
+            || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
+    Ok(format!("{} %json {schema}", lark_str("false\">")))
 }
 
 fn grammar_of(c: &Constraint, dsml: Option<u32>) -> Result<TopLevelGrammar, RecipeError> {
@@ -173,7 +215,8 @@ fn grammar_of(c: &Constraint, dsml: Option<u32>) -> Result<TopLevelGrammar, Reci
         }
         "regex" => TopLevelGrammar::from_regex(&c.schema),
         "lark" | "ebnf" => TopLevelGrammar::from_lark(c.schema.clone()),
-        "tool_call" => TopLevelGrammar::from_lark(tool_call_grammar(&c.schema, dsml)?),
+        "tool_call" => TopLevelGrammar::from_lark(tool_call_grammar(&c.schema, dsml, false)?),
+        "tool_call_required" => TopLevelGrammar::from_lark(tool_call_grammar(&c.schema, dsml, true)?),
         other => {
             return Err(RecipeError::Conversion {
                 status: 400,

@@ -21,15 +21,21 @@ mod block_on;
 mod engine_request;
 mod error;
 mod grammar;
+mod live;
 mod protocol;
 mod render;
 mod stream;
 mod tokenizer;
 
+pub use deepseek_recipe::request::{ConversionOptions, ModelVersion};
 pub use deepseek_recipe::stream::InferenceFinishReason;
 pub use engine_request::{build as engine_request, CacheClass, Constraint, EngineRequest, SamplingParams};
 pub use error::RecipeError;
 pub use grammar::GrammarEnv;
+pub use live::{
+    live_events, live_response, sse_done_data, EventStream, InferenceChunk, InferenceTokenLogprob, LiveContext,
+    PromptUsage,
+};
 pub use llguidance::Matcher;
 pub use protocol::{convert, convert_with, Converted, Protocol};
 pub use render::{render, Encoding, Rendered};

@@ -68,3 +68,49 @@ fn tool_call_constraint_accepts_a_dsml_call_of_a_declared_tool() {
     let other = call.replace("get_weather", "delete_files");
     assert!(run(&tok, &g, &c("tool_call", tools), &other).is_err(), "undeclared tools are refused");
 }
+
+#[test]
+fn auto_tool_choice_allows_text_then_a_call_and_required_allows_only_the_call() {
+    let (tok, g) = env();
+    let tools = r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]"#;
+    let call = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    let auto = c("tool_call", tools);
+    let required = c("tool_call_required", tools);
+    assert_eq!(run(&tok, &g, &auto, "It is 3 < 4, so no tool."), Ok(true), "auto: plain text, `<` included");
+    assert_eq!(run(&tok, &g, &auto, &format!("Let me check.\n\n{call}")), Ok(true), "auto: text, then a call");
+    assert_eq!(run(&tok, &g, &auto, call), Ok(true), "auto: a call alone");
+    let bad = format!("Sure.\n\n{}", call.replace("get_weather", "delete_files"));
+    assert!(run(&tok, &g, &auto, &bad).is_err(), "auto: a call still names a declared tool");
+    assert_eq!(run(&tok, &g, &required, call), Ok(true));
+    assert!(run(&tok, &g, &required, "No tool today.").is_err(), "required: text instead of the call is refused");
+    assert_eq!(run(&tok, &g, &required, "<｜DSML｜tool_calls>\n"), Ok(false), "required: an open block is not done");
+}
+
+#[test]
+fn tool_call_parameters_follow_their_schemas() {
+    let (tok, g) = env();
+    let tools = r#"[{"type":"function","function":{"name":"book","parameters":{"type":"object","properties":{"city":{"type":"string","maxLength":8},"nights":{"type":"integer"},"class":{"type":"string","enum":["economy","first"]}},"required":["city","nights"]}}}]"#;
+    let req = c("tool_call_required", tools);
+    let param = |name: &str, string: bool, v: &str| {
+        format!("<｜DSML｜parameter name=\"{name}\" string=\"{string}\">{v}</｜DSML｜parameter>\n")
+    };
+    let call = |params: &str| {
+        format!(
+            "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"book\">\n{params}</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+        )
+    };
+    let ok = call(&(param("city", true, "Oslo") + &param("nights", false, "3")));
+    assert_eq!(run(&tok, &g, &req, &ok), Ok(true));
+    // Parameters come in the schema's order (serde_json keeps it: `preserve_order` is on).
+    let with_class =
+        call(&(param("city", true, "Oslo") + &param("nights", false, "3") + &param("class", true, "first")));
+    assert_eq!(run(&tok, &g, &req, &with_class), Ok(true), "an optional parameter in its place");
+    assert!(run(&tok, &g, &req, &call(&param("city", true, "Oslo"))).is_err(), "a required parameter is missing");
+    let bad_int = call(&(param("city", true, "Oslo") + &param("nights", false, "three")));
+    assert!(run(&tok, &g, &req, &bad_int).is_err(), "a non-string value is JSON of its schema");
+    let long = call(&(param("city", true, "Llanfairpwllgwyngyll") + &param("nights", false, "3")));
+    assert!(run(&tok, &g, &req, &long).is_err(), "maxLength holds");
+    let bad_enum =
+        call(&(param("city", true, "Oslo") + &param("nights", false, "1") + &param("class", true, "steerage")));
+    assert!(run(&tok, &g, &req, &bad_enum).is_err(), "enum holds");
+}

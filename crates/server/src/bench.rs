@@ -66,6 +66,7 @@ fn timed(engine: &Arc<Engine>, reqs: Vec<GenerateRequest>) -> Result<(HashMap<u6
     for e in rx.iter() {
         match e {
             Event::Token { id, .. } => times.entry(id).or_default().push(t0.elapsed().as_secs_f64()),
+            Event::Admitted { .. } => {}
             Event::Done(o) => {
                 if let Some(err) = o.error {
                     bail!("request {} failed: {err}", o.id);

@@ -11,10 +11,10 @@ use anyhow::{bail, Context, Result};
 use deepinfer_engine::engine::Event;
 use deepinfer_engine::sampler::SamplingParams;
 use deepinfer_engine::{GenerateOutput, GenerateRequest};
-use deepinfer_kv::tier::CacheClass;
-use deepinfer_recipe::{convert, engine_request, Constraint, DeepseekTokenizer, Protocol};
+use deepinfer_recipe::{convert, Constraint, DeepseekTokenizer, Protocol};
 use serde_json::{json, Value};
 
+use crate::api_request::{map_body, Defaults};
 use crate::progress::Progress;
 use crate::setup::{self, EngineArgs};
 
@@ -71,41 +71,21 @@ fn sampling_of(a: &Args, i: u64) -> SamplingParams {
     }
 }
 
-/// One API body as an engine request (the recipe's conversion, encoding and policies).
+/// One API body as an engine request (the recipe's conversion, encoding and policies); the flags
+/// fill what the body leaves out.
 fn from_body(body: &Value, i: u64, a: &Args, tok: &DeepseekTokenizer, context: usize) -> Result<GenerateRequest> {
     let p = Protocol::detect(body).unwrap_or(Protocol::Chat);
     let conv = convert(p, body).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (er, _) = engine_request(&conv, body, tok, context as u32).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let has_max = ["max_tokens", "max_completion_tokens", "max_output_tokens"].iter().any(|k| body.get(k).is_some());
-    let mut r = GenerateRequest::new(
-        i,
-        er.token_ids,
-        if has_max { er.max_tokens as usize } else { a.max_tokens.min(er.max_tokens as usize) },
-        SamplingParams {
-            temperature: if body.get("temperature").is_some() { er.sampling.temperature } else { a.temperature },
-            top_p: er.sampling.top_p,
-            presence_penalty: er.sampling.presence_penalty,
-            frequency_penalty: er.sampling.frequency_penalty,
-            seed: er.sampling.seed.or(a.seed.map(|s| s.wrapping_add(i))),
-            top_logprobs: er.sampling.top_logprobs.unwrap_or(0) as usize,
-            top_k: a.top_k,
-            min_p: a.min_p,
-            repetition_penalty: a.repetition_penalty,
-        },
-    );
-    r.stop_token_ids = er.stop_token_ids;
-    r.stop_strings = er.stop_strings;
-    r.stop_strings.extend(a.stop.iter().cloned());
-    r.constraint = er.constraint;
-    r.cache_class = match er.cache_class {
-        deepinfer_recipe::CacheClass::Agent => CacheClass::Agent,
-        deepinfer_recipe::CacheClass::Chat => CacheClass::Chat,
+    let d = Defaults {
+        max_tokens: Some(a.max_tokens),
+        temperature: Some(a.temperature),
+        top_k: a.top_k,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed.map(|s| s.wrapping_add(i)),
     };
-    // Thinking mode: the grammar applies to the answer, after `</think>`.
-    let think_open = tok.special_id("<think>");
-    if r.constraint.is_some() && think_open.is_some() && r.prompt.last().copied() == think_open {
-        r.constraint_after = tok.special_id("</think>");
-    }
+    let mut r = map_body(&conv, body, i, tok, context, &d).map_err(|e| anyhow::anyhow!("{e}"))?.request;
+    r.stop_strings.extend(a.stop.iter().cloned());
     Ok(r)
 }
 
@@ -169,6 +149,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     for e in rx.iter() {
         match e {
             Event::Token { .. } => generated += 1,
+            Event::Admitted { .. } => {}
             Event::Done(o) => {
                 outs.insert(o.id, o);
             }

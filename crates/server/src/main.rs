@@ -1,6 +1,7 @@
 //! `deepinfer`: the command-line entry point. Each subcommand lives in its own module and only
 //! parses arguments and prints; the work is in the library crates.
 
+mod api_request;
 mod bench;
 mod check_parity;
 mod doctor;
@@ -8,6 +9,7 @@ mod generate;
 mod kv_cmd;
 mod progress;
 mod recipe_cmd;
+mod serve;
 mod setup;
 mod simulate;
 
@@ -26,6 +28,9 @@ struct Cli {
 enum Command {
     /// Generate text from prompts with the engine (CPU model).
     Generate(generate::Args),
+    /// Serve the engine over HTTP: OpenAI (chat/completions, completions, responses) and Anthropic
+    /// (messages) APIs, /health and Prometheus /metrics.
+    Serve(serve::Args),
     /// Prefill and decode throughput through the engine loop (docs/BENCH.md); prints JSON.
     Bench(bench::Args),
     /// Report the build accelerator, embedded kernels, driver, GPUs and loaded CUDA libraries.
@@ -47,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Doctor => doctor::run(),
         Command::Generate(a) => generate::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),

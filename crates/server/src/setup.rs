@@ -15,11 +15,12 @@ use crate::progress::Progress;
 /// Flags every engine command takes.
 #[derive(clap::Args, Clone)]
 pub struct EngineArgs {
-    /// Model directory (config.json, safetensors, optional tokenizer.json). Default: a built-in
-    /// tiny DeepSeek-V4 model with random weights (its text is noise) and the V4 tokenizer.
+    /// Model directory (config.json, safetensors, optional tokenizer.json). Default: the trained
+    /// tiny DeepSeek-V4 model shipped in the checkout (models/deepinfer-tiny-v4), or, for a binary
+    /// moved away from its checkout, a random-weight model of the same shape.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// cpu, or cuda (the CUDA model path is not built yet).
+    /// cpu, or cuda (refused for now: the kernels exist, the GPU model that runs them does not).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Keep published KV blocks in this directory too (prefix reuse across runs and processes).
@@ -92,7 +93,8 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
     match a.device.as_str() {
         "cpu" => {}
         "cuda" => bail!(
-            "--device cuda: the CUDA model path is not built yet (its kernels are issues #7 and #8); use --device cpu"
+            "--device cuda: the GPU model is not assembled yet (the CUDA kernels exist and pass parity; the forward that \
+             drives them does not); use --device cpu"
         ),
         o => bail!("--device: `{o}` is not cpu or cuda"),
     }

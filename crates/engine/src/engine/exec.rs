@@ -135,6 +135,7 @@ impl<'a> Executor<'a> {
         let params = SamplingParams { seed: Some(a.seed), ..r.sampling.clone() };
         let table = self.fresh_table(a.restore.as_ref());
         let constrained = a.matcher.is_some() && r.constraint_after.is_none();
+        let _ = a.events.send(Event::Admitted { id: r.id, prompt_tokens: r.prompt.len(), cached_tokens: cached });
         self.live.insert(
             r.id,
             Live {

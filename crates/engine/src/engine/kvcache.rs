@@ -110,6 +110,11 @@ impl KvCache {
         *self.stats.lock()
     }
 
+    /// Blocks of the pool in use (published or held by running requests) and its capacity.
+    pub fn usage(&self) -> (usize, usize) {
+        (self.pool.used_blocks(), self.pool.capacity())
+    }
+
     fn keys(&self, salt: Option<&str>) -> ExtraKeys {
         ExtraKeys { model: self.model_key.clone(), encoding: "tokens".into(), cache_salt: salt.map(Into::into) }
     }

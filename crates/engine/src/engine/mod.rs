@@ -110,9 +110,16 @@ pub struct GenerateOutput {
     pub seed: u64,
 }
 
-/// A request's stream.
+/// A request's stream: `Admitted` once, when the request starts running (its prefix-cache hit is
+/// known then), `Token`s, and `Done` last. A request that fails before it runs gets only `Done`.
 #[derive(Debug, Clone)]
 pub enum Event {
+    Admitted {
+        id: u64,
+        prompt_tokens: usize,
+        /// Prompt tokens whose compressed rows came from the prefix cache.
+        cached_tokens: usize,
+    },
     Token {
         id: u64,
         token: u32,
@@ -292,6 +299,11 @@ impl Engine {
         self.kv.as_ref().map(|k| k.stats()).unwrap_or_default()
     }
 
+    /// The prefix-cache pool's blocks in use and its capacity ((0, 0) without a prefix cache).
+    pub fn kv_usage(&self) -> (usize, usize) {
+        self.kv.as_ref().map(|k| k.usage()).unwrap_or_default()
+    }
+
     /// Wait for the durable tier's write-back.
     pub fn flush(&self) -> Result<(), deepinfer_kv::KvError> {
         self.kv.as_ref().map_or(Ok(()), |k| k.flush())
@@ -349,7 +361,7 @@ impl Engine {
                 rx.iter()
                     .find_map(|e| match e {
                         Event::Done(o) => Some(o),
-                        Event::Token { .. } => None,
+                        Event::Token { .. } | Event::Admitted { .. } => None,
                     })
                     .expect("every submitted request ends with Done")
             })
