@@ -3,6 +3,7 @@
 
 mod api_request;
 mod bench;
+mod bench_serve;
 mod check_parity;
 mod doctor;
 mod generate;
@@ -33,6 +34,9 @@ enum Command {
     Serve(serve::Args),
     /// Prefill and decode throughput through the engine loop (docs/BENCH.md); prints JSON.
     Bench(bench::Args),
+    /// Benchmark a running server over HTTP (trace, Poisson or burst arrivals): TTFT, ITL, TPOT,
+    /// goodput, and every request accounted for; prints JSON.
+    BenchServe(bench_serve::Args),
     /// Report the build accelerator, embedded kernels, driver, GPUs and loaded CUDA libraries.
     Doctor,
     /// Compare the CPU model with a fixture's reference logits; prints JSON, exits 0 only within tolerance.
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),
         Command::Simulate(a) => simulate::run(a),

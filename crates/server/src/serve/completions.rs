@@ -113,7 +113,13 @@ fn requests(s: &AppState, b: &Value) -> Result<Vec<GenerateRequest>, ApiError> {
         }
         _ => return Err(field_err("stop", "must be a string or a list of at most 8 strings")),
     };
-    let eos = s.tok.special_id("<｜end▁of▁sentence｜>");
+    // vLLM's extension: generate exactly max_tokens (benchmarks and load tests count on it).
+    let ignore_eos = match b.get("ignore_eos") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(x)) => *x,
+        Some(_) => return Err(field_err("ignore_eos", "must be a boolean")),
+    };
+    let eos = s.tok.special_id("<｜end▁of▁sentence｜>").filter(|_| !ignore_eos);
     let mut out = Vec::new();
     for p in prompts(s, b)? {
         if p.len() + max_tokens > s.max_context {
@@ -164,15 +170,17 @@ async fn run(s: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Respons
     let created = unix_now();
     if !stream {
         let mut choices = Vec::new();
-        let mut completion = 0;
+        let (mut completion, mut cached) = (0, 0);
         for (i, mut f) in flights.into_iter().enumerate() {
             let o = finish(&mut f).await?;
             completion += o.tokens.len();
+            cached += o.cached_tokens;
             choices.push(json!({"index": i, "text": o.text.unwrap_or_default(), "logprobs": null,
                                 "finish_reason": finish_name(o.finish)}));
         }
         let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                           "total_tokens": prompt_tokens + completion});
+                           "total_tokens": prompt_tokens + completion,
+                           "prompt_tokens_details": {"cached_tokens": cached}});
         let body = json!({"id": id, "object": "text_completion", "created": created, "model": model,
                           "choices": choices, "usage": usage});
         return Ok((StatusCode::OK, axum::Json(body)).into_response());
@@ -191,7 +199,7 @@ async fn run(s: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Respons
     }
     drop(merged);
     tokio::spawn(async move {
-        let mut completion = 0;
+        let (mut completion, mut cached) = (0, 0);
         let chunk = |i: usize, text: &str, fin: Option<&str>| {
             let c = json!({"id": id, "object": "text_completion", "created": created, "model": model,
                            "choices": [{"index": i, "text": text, "logprobs": null, "finish_reason": fin}]});
@@ -211,7 +219,10 @@ async fn run(s: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Respons
                     Bytes::from(format!("data: {}\n\n", e.body()))
                 }
                 Event::Done(o) => chunk(i, "", Some(finish_name(o.finish))),
-                Event::Admitted { .. } => continue,
+                Event::Admitted { cached_tokens, .. } => {
+                    cached += cached_tokens;
+                    continue;
+                }
             };
             if out.send(Ok(msg)).is_err() {
                 return;
@@ -220,7 +231,8 @@ async fn run(s: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Respons
         if include_usage {
             let u = json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [],
                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                                     "total_tokens": prompt_tokens + completion}});
+                                     "total_tokens": prompt_tokens + completion,
+                                     "prompt_tokens_details": {"cached_tokens": cached}}});
             let _ = out.send(Ok(Bytes::from(format!("data: {u}\n\n"))));
         }
         let _ = out.send(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
