@@ -122,10 +122,10 @@ fn requests(s: &AppState, b: &Value) -> Result<Vec<GenerateRequest>, ApiError> {
     let eos = s.tok.special_id("<｜end▁of▁sentence｜>").filter(|_| !ignore_eos);
     let mut out = Vec::new();
     for p in prompts(s, b)? {
-        if p.len() + max_tokens > s.max_context {
+        if p.len() + max_tokens > s.cfg.max_context {
             return Err(field_err(
                 "max_tokens",
-                &format!("plus the prompt's {} tokens is over the context of {} tokens", p.len(), s.max_context),
+                &format!("plus the prompt's {} tokens is over the context of {} tokens", p.len(), s.cfg.max_context),
             ));
         }
         for i in 0..n {
@@ -166,7 +166,7 @@ async fn run(s: Arc<AppState>, headers: HeaderMap, body: Body) -> Result<Respons
     let prompt_tokens: usize = reqs.iter().map(|r| r.prompt.len()).sum();
     let flights = s.submit(reqs, D)?;
     let id = format!("cmpl-{}", &super::request::response_id(deepinfer_recipe::Protocol::Chat)[9..]);
-    let model = s.served.clone();
+    let model = s.cfg.served.clone();
     let created = unix_now();
     if !stream {
         let mut choices = Vec::new();

@@ -40,12 +40,12 @@ pub fn dialect(p: Protocol) -> Dialect {
 /// The recipe's options for this server: the served name maps to the checkpoint's encoding (the
 /// name a client sends never chooses the prompt format), and `--default-thinking`.
 pub fn conversion_options(s: &AppState) -> ConversionOptions {
-    let version = match s.encoding {
+    let version = match s.cfg.encoding {
         deepinfer_recipe::Encoding::V4 => ModelVersion::DeepseekV4Pro,
         deepinfer_recipe::Encoding::V41 => ModelVersion::DeepseekV41Flash,
     };
-    let mut o = ConversionOptions::new().with_model_versions_by_name([(s.served.clone(), version)]);
-    o.default_thinking_mode = s.default_thinking;
+    let mut o = ConversionOptions::new().with_model_versions_by_name([(s.cfg.served.clone(), version)]);
+    o.default_thinking_mode = s.cfg.default_thinking;
     o
 }
 
@@ -85,8 +85,8 @@ async fn run(s: Arc<AppState>, headers: HeaderMap, body: Body, p: Protocol) -> R
     let conv = convert_with(p, &body, conversion_options(&s)).map_err(|e| recipe_error(d, e))?;
     let mut reqs = Vec::with_capacity(n as usize);
     for i in 0..n {
-        let m =
-            map_body(&conv, &body, s.next_id(), &s.tok, s.max_context, &s.defaults).map_err(|e| ApiError::bad(d, e))?;
+        let m = map_body(&conv, &body, s.next_id(), &s.tok, s.cfg.max_context, &s.cfg.defaults)
+            .map_err(|e| ApiError::bad(d, e))?;
         if i == 0 {
             for (field, asked, used) in &m.overridden {
                 eprintln!(

@@ -13,7 +13,7 @@ use super::state::AppState;
 
 /// `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients).
 pub fn check_key(s: &AppState, headers: &HeaderMap, d: Dialect) -> Result<(), ApiError> {
-    let Some(key) = &s.api_key else { return Ok(()) };
+    let Some(key) = &s.cfg.api_key else { return Ok(()) };
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -34,8 +34,12 @@ pub fn check_key(s: &AppState, headers: &HeaderMap, d: Dialect) -> Result<(), Ap
 /// The body as a JSON object naming the served model (401, 413, 400 or 404 otherwise).
 pub async fn read_json(s: &AppState, headers: &HeaderMap, body: Body, d: Dialect) -> Result<Value, ApiError> {
     check_key(s, headers, d)?;
-    let bytes = axum::body::to_bytes(body, s.max_body).await.map_err(|_| {
-        ApiError::new(d, Kind::TooLarge, format!("the request body is over {} bytes (--max-body-bytes)", s.max_body))
+    let bytes = axum::body::to_bytes(body, s.cfg.max_body).await.map_err(|_| {
+        ApiError::new(
+            d,
+            Kind::TooLarge,
+            format!("the request body is over {} bytes (--max-body-bytes)", s.cfg.max_body),
+        )
     })?;
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad(d, format!("the request body is not valid JSON: {e}")))?;
@@ -43,11 +47,11 @@ pub async fn read_json(s: &AppState, headers: &HeaderMap, body: Body, d: Dialect
         return Err(ApiError::bad(d, "the request body must be a JSON object"));
     }
     match v.get("model") {
-        Some(Value::String(m)) if *m == s.served => Ok(v),
+        Some(Value::String(m)) if *m == s.cfg.served => Ok(v),
         Some(Value::String(m)) => Err(ApiError::new(
             d,
             Kind::NotFound,
-            format!("The model `{m}` does not exist. This server serves `{}`.", s.served),
+            format!("The model `{m}` does not exist. This server serves `{}`.", s.cfg.served),
         )
         .with_param("model")),
         None | Some(Value::Null) => Err(ApiError::bad(d, "`model` is required").with_param("model")),

@@ -51,12 +51,14 @@ async fn models(State(s): S, headers: HeaderMap) -> Response {
     if let Err(e) = check_key(&s, &headers, Dialect::OpenAi) {
         return e.into_response();
     }
-    let m = json!({"id": s.served, "object": "model", "created": unix_now(), "owned_by": "deepinfer",
-                   "root": s.served, "max_model_len": s.max_context,
+    let m = json!({"id": s.cfg.served, "object": "model", "created": unix_now(), "owned_by": "deepinfer",
+                   "root": s.cfg.served, "max_model_len": s.cfg.max_context,
                    // Anthropic's models list reads these.
-                   "type": "model", "display_name": s.served, "created_at": "1970-01-01T00:00:00Z"});
-    axum::Json(json!({"object": "list", "data": [m], "has_more": false, "first_id": s.served, "last_id": s.served}))
-        .into_response()
+                   "type": "model", "display_name": s.cfg.served, "created_at": "1970-01-01T00:00:00Z"});
+    axum::Json(
+        json!({"object": "list", "data": [m], "has_more": false, "first_id": s.cfg.served, "last_id": s.cfg.served}),
+    )
+    .into_response()
 }
 
 /// 200 once the model is loaded and the engine runs; 503 while shutting down.
@@ -69,7 +71,7 @@ async fn health(State(s): S) -> Response {
 }
 
 async fn metrics(State(s): S) -> Response {
-    let text = s.metrics.render(&s.served, &s.gauges());
+    let text = s.metrics.render(&s.cfg.served, &s.gauges());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

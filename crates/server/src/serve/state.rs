@@ -23,14 +23,8 @@ pub struct AppState {
     handle: Mutex<Option<EngineHandle>>,
     pub engine: Arc<Engine>,
     pub tok: DeepseekTokenizer,
-    pub served: String,
-    pub api_key: Option<String>,
-    pub max_queued: usize,
-    pub max_context: usize,
-    pub max_body: usize,
-    pub default_thinking: bool,
-    pub encoding: deepinfer_recipe::Encoding,
-    pub defaults: Defaults,
+    /// What `deepinfer serve`'s flags set.
+    pub cfg: Settings,
     pub metrics: Metrics,
     pub ready: AtomicBool,
     next_id: AtomicU64,
@@ -81,14 +75,7 @@ impl AppState {
             handle: Mutex::new(Some(handle)),
             engine,
             tok,
-            served: s.served,
-            api_key: s.api_key,
-            max_queued: s.max_queued,
-            max_context: s.max_context,
-            max_body: s.max_body,
-            default_thinking: s.default_thinking,
-            encoding: s.encoding,
-            defaults: s.defaults,
+            cfg: s,
             metrics: Metrics::default(),
             ready: AtomicBool::new(true),
             next_id: AtomicU64::new(1),
@@ -109,13 +96,13 @@ impl AppState {
     pub fn submit(self: &Arc<Self>, reqs: Vec<GenerateRequest>, dialect: Dialect) -> Result<Vec<Flight>, ApiError> {
         let n = reqs.len();
         let before = self.waiting.fetch_add(n, Ordering::SeqCst);
-        if before >= self.max_queued {
+        if before >= self.cfg.max_queued {
             self.waiting.fetch_sub(n, Ordering::SeqCst);
             self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::new(
                 dialect,
                 Kind::Overloaded,
-                format!("{before} requests are waiting (--max-queued {}); retry later", self.max_queued),
+                format!("{before} requests are waiting (--max-queued {}); retry later", self.cfg.max_queued),
             ));
         }
         let guard = self.handle.lock();
