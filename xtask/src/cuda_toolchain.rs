@@ -77,13 +77,5 @@ pub fn nvcc() -> Result<PathBuf> {
 }
 
 fn install() -> Result<()> {
-    let sh = workspace::shell()?;
-    let venv = venv_dir();
-    println!("installing the pinned CUDA 13.0 compiler into {} ...", venv.display());
-    cmd!(sh, "python3 -m venv {venv}").run().context("python3 -m venv failed (install python3-venv)")?;
-    let pip = venv.join("bin/pip");
-    cmd!(sh, "{pip} install --disable-pip-version-check --progress-bar off {WHEELS...}")
-        .run()
-        .context("pip could not install the CUDA compiler wheels")?;
-    Ok(())
+    workspace::pip_venv(&venv_dir(), &WHEELS, "the pinned CUDA 13.0 compiler wheels")
 }

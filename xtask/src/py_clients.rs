@@ -5,8 +5,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use xshell::cmd;
+use anyhow::Result;
 
 use crate::workspace;
 
@@ -25,13 +24,7 @@ pub fn python() -> Result<PathBuf> {
     if py.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return Ok(py);
     }
-    let sh = workspace::shell()?;
-    println!("installing the pinned Python API clients into {} ...", venv.display());
-    cmd!(sh, "python3 -m venv {venv}").run().context("python3 -m venv failed (install python3-venv)")?;
-    let pip = venv.join("bin/pip");
-    cmd!(sh, "{pip} install --disable-pip-version-check --progress-bar off {WHEELS...}")
-        .run()
-        .context("pip could not install the Python API clients")?;
+    workspace::pip_venv(&venv, &WHEELS, "the pinned Python API clients")?;
     std::fs::write(&stamp, want)?;
     Ok(py)
 }
