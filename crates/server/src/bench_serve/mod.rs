@@ -114,6 +114,15 @@ struct Outcome {
     done: bool,
 }
 
+impl Outcome {
+    /// Time per output token after the first (None for a single token).
+    fn tpot(&self) -> Option<f64> {
+        let n = self.usage_tokens.unwrap_or(self.chunks.len());
+        let first = self.chunks.first().copied().unwrap_or(self.end);
+        (n > 1).then(|| (self.end - first) / (n - 1) as f64)
+    }
+}
+
 fn token_range(s: &str) -> Result<(u64, u64)> {
     let (lo, hi) = s.split_once("..").context("--token-range: expected LO..HI")?;
     let (lo, hi): (u64, u64) = (lo.trim().parse()?, hi.trim().parse()?);
@@ -296,22 +305,14 @@ fn report(a: &Args, plan: &[Planned], outs: &[Outcome], lost: usize) -> Value {
     let in_tokens: usize = ok.iter().map(|(i, _)| plan[*i].prompt.len()).sum();
     let cached: usize = ok.iter().map(|(_, o)| o.cached_tokens).sum();
     let ttft: Vec<f64> = ok.iter().filter_map(|(_, o)| o.chunks.first().map(|f| f - o.start)).collect();
-    let tpot: Vec<f64> = ok
-        .iter()
-        .filter_map(|(_, o)| {
-            let n = o.usage_tokens.unwrap_or(o.chunks.len());
-            (n > 1).then(|| (o.end - o.chunks.first().copied().unwrap_or(o.end)) / (n - 1) as f64)
-        })
-        .collect();
+    let tpot: Vec<f64> = ok.iter().filter_map(|(_, o)| o.tpot()).collect();
     let itl: Vec<f64> = ok.iter().flat_map(|(_, o)| o.chunks.windows(2).map(|w| w[1] - w[0])).collect();
     let e2e: Vec<f64> = ok.iter().map(|(_, o)| o.end - o.start).collect();
     let good = ok
         .iter()
         .filter(|(_, o)| {
-            let n = o.usage_tokens.unwrap_or(o.chunks.len());
             let first = o.chunks.first().copied().unwrap_or(o.end);
-            let tpot = if n > 1 { (o.end - first) / (n - 1) as f64 } else { 0.0 };
-            (first - o.start) * 1e3 <= a.slo_ttft_ms && tpot * 1e3 <= a.slo_tpot_ms
+            (first - o.start) * 1e3 <= a.slo_ttft_ms && o.tpot().unwrap_or(0.0) * 1e3 <= a.slo_tpot_ms
         })
         .count();
     // Steady decode, as in-process `bench` measures it: chunks after the last first chunk.
