@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod device_model;
 pub mod engine;
 pub mod model;
 pub mod parity;

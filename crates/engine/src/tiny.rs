@@ -258,6 +258,127 @@ pub fn write_checkpoint(dir: &Path, tensors: &[RawTensor], shards: usize) -> std
     Ok(())
 }
 
+/// Which stored format a weight of the official V4 checkpoints takes: FP8 (e4m3, ue8m0 scales per
+/// 128x128 block) for the attention projections and the shared expert, FP4 (e2m1 packed two a byte,
+/// ue8m0 scales per 1x32) for the routed experts, bf16/f32 for the rest.
+fn official_format(name: &str) -> Option<deepinfer_kernels_ffi::ops::WeightFormat> {
+    use deepinfer_kernels_ffi::ops::WeightFormat;
+    const FP8: [&str; 9] = [
+        ".attn.wq_a.weight",
+        ".attn.wq_b.weight",
+        ".attn.wkv.weight",
+        ".attn.wo_a.weight",
+        ".attn.wo_b.weight",
+        ".attn.indexer.wq_b.weight",
+        ".shared_experts.w1.weight",
+        ".shared_experts.w2.weight",
+        ".shared_experts.w3.weight",
+    ];
+    if FP8.iter().any(|f| name.ends_with(f)) {
+        Some(WeightFormat::Fp8Block128)
+    } else if name.contains(".experts.") && !name.contains("shared") {
+        Some(WeightFormat::Fp4Row32)
+    } else {
+        None
+    }
+}
+
+/// The ue8m0 byte of a power of two.
+fn e8m0_code(s: f32) -> u8 {
+    ((s.to_bits() >> 23) & 0xff) as u8
+}
+
+/// An [n, k] f32 weight as e4m3 codes and ue8m0 scales per 128x128 block (the official layout).
+pub fn quantize_fp8_blocks(w: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
+    use deepinfer_kernels_ffi::quant::{e4m3_code, pow2_ceil_bits, round_e4m3};
+    let (nb, kb) = (n.div_ceil(128), k.div_ceil(128));
+    let mut scales = vec![0u8; nb * kb];
+    let mut codes = vec![0u8; n * k];
+    for bi in 0..nb {
+        for bj in 0..kb {
+            let (r1, c1) = ((bi * 128 + 128).min(n), (bj * 128 + 128).min(k));
+            let amax = (bi * 128..r1)
+                .flat_map(|r| w[r * k + bj * 128..r * k + c1].iter())
+                .fold(1e-4f32, |m, v| m.max(v.abs()));
+            let sc = pow2_ceil_bits(amax / 448.0);
+            scales[bi * kb + bj] = e8m0_code(sc);
+            for r in bi * 128..r1 {
+                for c in bj * 128..c1 {
+                    codes[r * k + c] = e4m3_code(round_e4m3(w[r * k + c] / sc));
+                }
+            }
+        }
+    }
+    (codes, scales)
+}
+
+/// An [n, k] f32 weight (k % 32 == 0) as packed e2m1 codes (element 2j in the low nibble of byte j)
+/// and ue8m0 scales per 1x32 block.
+pub fn quantize_fp4_rows(w: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
+    use deepinfer_kernels_ffi::quant::{pow2_ceil_bits, round_e2m1, FP4_LUT};
+    let mut packed = vec![0u8; n * k / 2];
+    let mut scales = vec![0u8; n * k / 32];
+    for (b, blk) in w.chunks_exact(32).enumerate() {
+        let amax = blk.iter().fold(6.0 * 2f32.powi(-126), |m, v| m.max(v.abs()));
+        let sc = pow2_ceil_bits(amax / 6.0);
+        scales[b] = e8m0_code(sc);
+        for (i, v) in blk.iter().enumerate() {
+            let q = round_e2m1(v / sc);
+            let mag = FP4_LUT[..8].iter().position(|x| *x == q.abs()).unwrap_or(0) as u8;
+            let code = mag | if q.is_sign_negative() && mag != 0 { 8 } else { 0 };
+            let at = (b * 32 + i) / 2;
+            packed[at] |= if i % 2 == 0 { code } else { code << 4 };
+        }
+    }
+    (packed, scales)
+}
+
+/// `tensors` with the weights of the official FP8/FP4 formats quantised as the official
+/// checkpoints store them (see [`official_format`]): `<p>.weight` becomes the codes (F8_E4M3, or I8
+/// holding the packed FP4 bytes, [n, k/2]) beside `<p>.scale` (F8_E8M0).
+pub fn quantize_tensors(tensors: Vec<RawTensor>) -> Vec<RawTensor> {
+    use deepinfer_kernels_ffi::ops::WeightFormat;
+    let mut out = Vec::with_capacity(tensors.len() * 2);
+    for (name, dtype, shape, bytes) in tensors {
+        let Some(format) = official_format(&name) else {
+            out.push((name, dtype, shape, bytes));
+            continue;
+        };
+        let (n, k) = (shape[0], shape[1]);
+        let w: Vec<f32> = bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+        let stem = name.trim_end_matches(".weight").to_string();
+        match format {
+            WeightFormat::Fp8Block128 => {
+                let (codes, scales) = quantize_fp8_blocks(&w, n, k);
+                out.push((name, Dtype::F8_E4M3, shape, codes));
+                out.push((format!("{stem}.scale"), Dtype::F8_E8M0, vec![n.div_ceil(128), k.div_ceil(128)], scales));
+            }
+            WeightFormat::Fp4Row32 => {
+                let (packed, scales) = quantize_fp4_rows(&w, n, k);
+                out.push((name, Dtype::I8, vec![n, k / 2], packed));
+                out.push((format!("{stem}.scale"), Dtype::F8_E8M0, vec![n, k / 32], scales));
+            }
+        }
+    }
+    out
+}
+
+/// Write a random model for `c` in the official checkpoint formats (FP8 attention projections and
+/// shared expert, FP4 routed experts: [`quantize_tensors`]) into `dir`; the written config.json
+/// declares them (`quantization_config`, `expert_dtype: fp4`).
+pub fn write_quantized_model(dir: &Path, c: &Value, seed: u64, shards: usize) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut c = c.clone();
+    c["quantization_config"] = json!({
+        "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128]
+    });
+    c["expert_dtype"] = json!("fp4");
+    std::fs::write(dir.join("config.json"), c.to_string())?;
+    let tensors = quantize_tensors(random_tensors(&c, &mut Rng(seed)));
+    write_checkpoint(dir, &tensors, shards)
+}
+
 /// Write a random model for `c` (config.json + checkpoint) into `dir`.
 pub fn write_model(dir: &Path, c: &Value, seed: u64, shards: usize) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;

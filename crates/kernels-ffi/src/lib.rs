@@ -38,6 +38,7 @@ pub mod params;
 pub mod quant;
 pub mod report;
 pub mod rope;
+pub mod rows;
 pub mod sampling;
 pub mod testing;
 

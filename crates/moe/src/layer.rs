@@ -85,6 +85,10 @@ pub struct MoeWeights {
     pub hash: Option<HashTable>,
     pub routed: ExpertWeights,
     pub shared: Option<ExpertWeights>,
+    /// The official FP8 rounding of the experts' activations (x before gate/up, h before down, per
+    /// 1×128 block); off, the GEMMs take the bf16 values as they are (a bf16-only forward, to
+    /// compare with an f32 reference without the rounding).
+    pub round_act: bool,
 }
 
 impl MoeWeights {
@@ -170,7 +174,8 @@ pub const SHARED_FP8_ACT_MIN_TOKENS: u32 = 33;
 
 /// Whether the shared expert of `w` at `tokens` tokens takes the one-quantisation path.
 fn shared_fp8_act(w: &MoeWeights, tokens: u32) -> bool {
-    w.shared.as_ref().is_some_and(|sh| sh.format == WeightFormat::Fp8Block128)
+    w.round_act
+        && w.shared.as_ref().is_some_and(|sh| sh.format == WeightFormat::Fp8Block128)
         && tokens >= SHARED_FP8_ACT_MIN_TOKENS
         && w.dim.is_multiple_of(128)
 }
@@ -275,21 +280,22 @@ fn routed_experts(
     let r = &w.routed;
     let pairs = shape.pairs() as u32;
     let xin = GroupedInput::Tokens(x);
-    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w13.0, &r.w13.1, &mut ws.gu, 2 * i, d, true)?;
+    let q = w.round_act;
+    ops::gemm_grouped(stream, r.format, xin, &ws.dispatch, &r.w13.0, &r.w13.1, &mut ws.gu, 2 * i, d, q)?;
     let weights = Some((&ws.routed, &ws.dispatch));
     // The dispatch was complete before the gate/up GEMM began (the routing kernels before it are
     // plain launches), so after it the dispatch is settled for the down GEMM.
     let settled = settled_down();
     if settled {
-        ops::swiglu_early(stream, &ws.gu, &mut ws.h, weights, pairs, i, w.limit, true)?;
+        ops::swiglu_early(stream, &ws.gu, &mut ws.h, weights, pairs, i, w.limit, q)?;
     } else {
-        ops::swiglu(stream, &ws.gu, &mut ws.h, weights, pairs, i, w.limit, true)?;
+        ops::swiglu(stream, &ws.gu, &mut ws.h, weights, pairs, i, w.limit, q)?;
     }
     // h is already on the FP8 grid of its 1×128 blocks, so quantising it again changes no value; at
     // decode tiles the flag lets the FP8-activation decode kernels take the down GEMM too (at
     // prefill tiles it would only add a rounding pass).
     let hin = GroupedInput::Rows(&ws.h);
-    let requantize = ws.dispatch.tile <= 16;
+    let requantize = q && ws.dispatch.tile <= 16;
     let down = if settled { ops::gemm_grouped_settled } else { ops::gemm_grouped };
     down(stream, r.format, hin, &ws.dispatch, &r.w2.0, &r.w2.1, &mut ws.y, d, i, requantize)
 }
@@ -304,14 +310,14 @@ fn shared_expert(
 ) -> Result<(), FfiError> {
     let (t, d, i) = (ws.tokens, w.dim, w.inter);
     let Some(sh) = &w.shared else { return Ok(()) };
-    let p = GemmParams::new(t, 2 * i, d, true);
+    let p = GemmParams::new(t, 2 * i, d, w.round_act);
     if shared_fp8_act(w, t) {
         quantize_act_fp8(stream, x, &mut ws.shared_xq, &mut ws.shared_sx, t, d)?;
         gemm_fp8_act(stream, &ws.shared_xq, &ws.shared_sx, &sh.w13.0, &sh.w13.1, &mut ws.shared_gu, &p)?;
     } else {
         gemm_lowp(stream, sh.format, x, &sh.w13.0, &sh.w13.1, &mut ws.shared_gu, &p)?;
     }
-    ops::swiglu(stream, &ws.shared_gu, &mut ws.shared_h, None, t, i, w.limit, true)?;
+    ops::swiglu(stream, &ws.shared_gu, &mut ws.shared_h, None, t, i, w.limit, w.round_act)?;
     // shared_h is on the FP8 grid already (as the routed h), so the activation quantisation changes
     // no value; asking for it lets the FP8 x FP8 kernels take the down GEMM (on Hopper the
     // decode kernel up to 16 tokens, the wgmma kernel past 32) instead of the bf16-expanding ones.
@@ -322,7 +328,7 @@ fn shared_expert(
         &sh.w2.0,
         &sh.w2.1,
         &mut ws.shared_y,
-        &GemmParams::new(t, d, i, sh.format == WeightFormat::Fp8Block128),
+        &GemmParams::new(t, d, i, w.round_act && sh.format == WeightFormat::Fp8Block128),
     )
 }
 
@@ -412,6 +418,7 @@ impl MoeWeights {
             hash,
             routed,
             shared,
+            round_act: true,
         })
     }
 }

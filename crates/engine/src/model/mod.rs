@@ -35,6 +35,8 @@ pub enum ModelError {
     Checkpoint(#[from] CheckpointError),
     #[error("MoE: {0}")]
     Moe(#[from] MoeError),
+    #[error("device: {0}")]
+    Device(#[from] deepinfer_kernels_ffi::FfiError),
     #[error("invalid input `{field}`: {problem}")]
     Input { field: &'static str, problem: String },
 }
@@ -55,6 +57,8 @@ pub enum Numerics {
 pub struct Trace {
     /// Residual streams after each layer, [N, hc, D].
     pub layer_out: Vec<Vec<f32>>,
+    /// Attention sublayer outputs of each layer, [N, D] (before the mHC merge).
+    pub attn_out: Vec<Vec<f32>>,
     /// Sorted expert ids per token, per MoE layer.
     pub router_topk: BTreeMap<usize, Vec<Vec<u32>>>,
     /// Sorted compressed rows each query attended to, per CSA layer.
@@ -485,6 +489,9 @@ impl Model {
         rms_norm_rows(&mut xa, &blk.attn_norm, eps);
         let ctx = LayerCtx { inv_freq: self.rope_for(blk.attn.kind), eps, numerics, layer };
         let a = blk.attn.forward(&xa, b, states, &ctx, trace);
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.attn_out.push(a.clone());
+        }
         mix.merge(x, &a, &s);
         let (mix, mut xf) = blk.hc_ffn.split(x, n, &s);
         rms_norm_rows(&mut xf, &blk.ffn_norm, eps);

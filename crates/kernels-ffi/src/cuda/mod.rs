@@ -10,6 +10,7 @@ pub(crate) mod indexer;
 pub(crate) mod launch;
 pub(crate) mod libraries;
 pub(crate) mod moe;
+pub(crate) mod rows;
 pub(crate) mod sampling;
 pub(crate) mod wgmma;
 
