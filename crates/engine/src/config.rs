@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use deepinfer_kv::{KvError, KvLayout, LayerGeometry};
 use serde_json::Value;
 use thiserror::Error;
 
@@ -388,6 +389,76 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The prefix cache's geometry of the main layers with rows of `elem_bytes`-byte values (4 on
+    /// the reference model, 2 on the device model).
+    pub fn kv_layout(&self, block_tokens: usize, elem_bytes: usize) -> Result<KvLayout, KvError> {
+        let hd = self.head_dim * elem_bytes;
+        let ihd = self.index_head_dim * elem_bytes;
+        let layers = self.attention[..self.num_layers]
+            .iter()
+            .map(|kind| match kind {
+                AttentionKind::Sliding => LayerGeometry {
+                    ratio: 0,
+                    overlap: false,
+                    row_bytes: 0,
+                    indexer_row_bytes: 0,
+                    window_row_bytes: hd,
+                    partial_token_bytes: 0,
+                    indexer_partial_token_bytes: 0,
+                },
+                AttentionKind::Csa => LayerGeometry {
+                    ratio: self.csa_ratio,
+                    overlap: true,
+                    row_bytes: hd,
+                    indexer_row_bytes: ihd,
+                    window_row_bytes: hd,
+                    partial_token_bytes: 2 * 2 * hd,
+                    indexer_partial_token_bytes: 2 * 2 * ihd,
+                },
+                AttentionKind::Hca => LayerGeometry {
+                    ratio: self.hca_ratio,
+                    overlap: false,
+                    row_bytes: hd,
+                    indexer_row_bytes: 0,
+                    window_row_bytes: hd,
+                    partial_token_bytes: 2 * hd,
+                    indexer_partial_token_bytes: 0,
+                },
+            })
+            .collect();
+        KvLayout::new(block_tokens, self.sliding_window, layers)
+    }
+
+    /// The smallest block size that is a multiple of every compress ratio the main layers use and
+    /// at least `min`.
+    pub fn block_tokens_at_least(&self, min: usize) -> usize {
+        let mut l = 1usize;
+        for kind in [AttentionKind::Csa, AttentionKind::Hca] {
+            let r = self.ratio(kind);
+            if r > 0 && self.attention[..self.num_layers].contains(&kind) {
+                l = l / gcd(l, r) * r;
+            }
+        }
+        min.max(1).div_ceil(l) * l
+    }
+
+    /// Tokens a replay must recompute after a block-aligned restore for the rebuilt state to equal
+    /// a cold run's: every layer's window ring depends on the previous layer's ring, so the
+    /// receptive field is layers × (window − 1), plus a compressor's open and previous window.
+    pub fn exact_replay_tokens(&self) -> usize {
+        let w = self.sliding_window.saturating_sub(1);
+        let comp = self.attention[..self.num_layers]
+            .iter()
+            .map(|kind| match kind {
+                AttentionKind::Sliding => 0,
+                AttentionKind::Csa => 2 * self.csa_ratio,
+                AttentionKind::Hca => self.hca_ratio,
+            })
+            .max()
+            .unwrap_or(0);
+        self.num_layers * w + comp
+    }
+
     /// Compress ratio of a layer kind.
     pub fn ratio(&self, kind: AttentionKind) -> usize {
         match kind {
@@ -395,6 +466,14 @@ impl ModelConfig {
             AttentionKind::Csa => self.csa_ratio,
             AttentionKind::Hca => self.hca_ratio,
         }
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 

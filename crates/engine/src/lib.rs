@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod device_model;
 pub mod engine;
+pub mod forward;
 pub mod model;
 pub mod parity;
 pub mod quant;
@@ -21,4 +22,5 @@ pub use config::{AttentionKind, ConfigError, ModelConfig};
 pub use engine::{
     Engine, EngineConfig, EngineHandle, EngineStats, Event, FinishReason, GenerateOutput, GenerateRequest, ReplayMode,
 };
+pub use forward::{ForwardModel, SeqState};
 pub use model::{LogitRows, Model, ModelError, Numerics, SeqOutput, SequenceState, Trace};

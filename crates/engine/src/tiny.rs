@@ -186,9 +186,15 @@ fn specs(c: &Value) -> Vec<(String, Vec<usize>, &'static str)> {
 
 /// Random tensors for `c` (f32 except embeddings/linears in bf16), as (name, dtype, shape, bytes).
 pub fn random_tensors(c: &Value, rng: &mut Rng) -> Vec<RawTensor> {
+    random_tensors_except(c, rng, &|_| false)
+}
+
+/// [`random_tensors`] without the tensors `skip` names.
+fn random_tensors_except(c: &Value, rng: &mut Rng, skip: &dyn Fn(&str) -> bool) -> Vec<RawTensor> {
     let e = u(c, "n_routed_experts") as u64;
     specs(c)
         .into_iter()
+        .filter(|(name, _, _)| !skip(name))
         .map(|(name, shape, kind)| {
             let n: usize = shape.iter().product();
             let fan_in = *shape.last().unwrap() as f32;
@@ -379,6 +385,92 @@ pub fn write_quantized_model(dir: &Path, c: &Value, seed: u64, shards: usize) ->
     write_checkpoint(dir, &tensors, shards)
 }
 
+/// A routed expert's matrix drawn directly in FP4 (random e2m1 codes, every code equally likely,
+/// with ue8m0 scales of 2^-e giving entries of about 1/sqrt(k)): at V4-Flash sizes (3.2 GB of
+/// experts a layer) drawing normals and quantising them would take minutes a layer.
+fn random_fp4(rng: &mut Rng, n: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut packed = vec![0u8; n * k / 2];
+    for chunk in packed.chunks_mut(8) {
+        let v = rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    // Codes average |v| ~ 2.4 (rms ~ 3.1): scale so the entries' rms is ~ 1/sqrt(k).
+    let scale = quant_pow2(1.0 / (3.1 * (k as f32).sqrt()));
+    (packed, vec![e8m0_code(scale); n * k / 32])
+}
+
+/// The power of two nearest below or at x.
+fn quant_pow2(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() & 0xff80_0000)
+}
+
+/// The V4-Flash configuration (MODEL_V4.md §1) cut to `layers` layers (the schedule's first
+/// layers: two sliding, then CSA and HCA alternating; hash routing in the first three) and
+/// `experts` routed experts (256 in the real model).
+pub fn v4_flash_config(layers: usize, experts: usize) -> Value {
+    let ratios: Vec<u64> = (0..layers)
+        .map(|i| {
+            if i < 2 {
+                0
+            } else if i % 2 == 0 {
+                4
+            } else {
+                128
+            }
+        })
+        .collect();
+    json!({
+        "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": layers,
+        "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
+        "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128,
+        "compress_ratios": ratios, "compress_rate_hca": 128, "index_n_heads": 64, "index_head_dim": 128,
+        "index_topk": 512, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "n_routed_experts": experts,
+        "num_experts_per_tok": 6usize.min(experts), "n_shared_experts": 1, "moe_intermediate_size": 2048,
+        "num_hash_layers": 3usize.min(layers), "routed_scaling_factor": 1.5, "swiglu_limit": 10.0,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "compress_rope_theta": 160000,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                         "beta_fast": 32, "beta_slow": 1},
+        "num_nextn_predict_layers": 0, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false
+    })
+}
+
+/// [`write_quantized_model`] with the routed experts drawn directly in FP4 ([`random_fp4`]) instead
+/// of quantised from normals: for checkpoints at V4-Flash sizes. `progress(done, total)` per layer.
+pub fn write_random_official(
+    dir: &Path,
+    c: &Value,
+    seed: u64,
+    shards: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut c = c.clone();
+    c["quantization_config"] = json!({
+        "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128]
+    });
+    c["expert_dtype"] = json!("fp4");
+    std::fs::write(dir.join("config.json"), c.to_string())?;
+    let is_routed = |name: &str| name.contains(".experts.");
+    let mut rng = Rng(seed);
+    let mut tensors = quantize_tensors(random_tensors_except(&c, &mut rng, &is_routed));
+    let (d, inter, e) = (u(&c, "hidden_size"), u(&c, "moe_intermediate_size"), u(&c, "n_routed_experts"));
+    let layers = u(&c, "num_hidden_layers") + u(&c, "num_nextn_predict_layers");
+    let n_main = u(&c, "num_hidden_layers");
+    for l in 0..layers {
+        let p = if l < n_main { format!("layers.{l}.ffn") } else { format!("mtp.{}.ffn", l - n_main) };
+        for x in 0..e {
+            for (w, n, k) in [("w1", inter, d), ("w2", d, inter), ("w3", inter, d)] {
+                let (packed, scales) = random_fp4(&mut rng, n, k);
+                tensors.push((format!("{p}.experts.{x}.{w}.weight"), Dtype::I8, vec![n, k / 2], packed));
+                tensors.push((format!("{p}.experts.{x}.{w}.scale"), Dtype::F8_E8M0, vec![n, k / 32], scales));
+            }
+        }
+        progress(l + 1, layers);
+    }
+    write_checkpoint(dir, &tensors, shards)
+}
+
 /// Write a random model for `c` (config.json + checkpoint) into `dir`.
 pub fn write_model(dir: &Path, c: &Value, seed: u64, shards: usize) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -402,4 +494,39 @@ pub fn builtin_config() -> Value {
         "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
         "num_nextn_predict_layers": 1, "bos_token_id": 0, "eos_token_id": 1
     })
+}
+
+#[cfg(test)]
+mod official_tests {
+    use super::*;
+    use crate::config::ModelConfig;
+
+    #[test]
+    fn v4_flash_configs_parse_with_the_real_schedule() {
+        let c = ModelConfig::from_json(&v4_flash_config(43, 256)).unwrap();
+        assert_eq!(c.attention.iter().filter(|k| **k == crate::AttentionKind::Csa).count(), 21);
+        assert_eq!(c.attention.iter().filter(|k| **k == crate::AttentionKind::Hca).count(), 20);
+        let short = ModelConfig::from_json(&v4_flash_config(4, 16)).unwrap();
+        assert_eq!(short.num_layers, 4);
+        assert_eq!(short.top_k, 6);
+    }
+
+    #[test]
+    fn fp4_and_fp8_quantisers_round_trip_through_the_dequantisers() {
+        use deepinfer_kernels_ffi::quant::{dequant_fp4_rows, dequant_fp8_blocks, round_e2m1};
+        let mut rng = Rng(3);
+        let (n, k) = (130, 256);
+        let w: Vec<f32> = (0..n * k).map(|_| rng.normal() * 0.05).collect();
+        let (codes, scales) = quantize_fp8_blocks(&w, n, k);
+        let back = dequant_fp8_blocks(&codes, &scales, n, k, [128, 128]);
+        let rel = w.iter().zip(&back).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / 0.2;
+        assert!(rel < 0.1, "fp8 round trip {rel}");
+        let (packed, s4) = quantize_fp4_rows(&w, n, k);
+        let back4 = dequant_fp4_rows(&packed, &s4, n, k);
+        // Every dequantised FP4 value is the rounding of its input at its block scale.
+        for (i, (a, b)) in w.iter().zip(&back4).enumerate() {
+            let sc = deepinfer_kernels_ffi::quant::e8m0_to_f32(s4[i / 32]);
+            assert_eq!(*b, round_e2m1(a / sc) * sc, "element {i}");
+        }
+    }
 }

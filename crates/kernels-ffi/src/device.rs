@@ -76,6 +76,16 @@ impl Device {
     }
 
     /// `cpu` or `cuda:N`.
+    /// (free, total) bytes of the device's memory; `None` for the CPU (host memory is not
+    /// budgeted here).
+    pub fn memory_info(&self) -> Result<Option<(usize, usize)>> {
+        match self {
+            Device::Cpu => Ok(None),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(b) => Ok(Some(b.memory_info()?)),
+        }
+    }
+
     pub fn label(&self) -> String {
         match self {
             Device::Cpu => "cpu".to_string(),

@@ -9,6 +9,7 @@ mod doctor;
 mod generate;
 mod kv_cmd;
 mod progress;
+mod random_model;
 mod recipe_cmd;
 mod serve;
 mod setup;
@@ -27,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from prompts with the engine (CPU model).
+    /// Generate text from prompts with the engine (--device cpu or cuda).
     Generate(generate::Args),
     /// Serve the engine over HTTP: OpenAI (chat/completions, completions, responses) and Anthropic
     /// (messages) APIs, /health and Prometheus /metrics.
@@ -49,6 +50,8 @@ enum Command {
     Recipe(recipe_cmd::RecipeCommand),
     /// Replay a serving trace against prefill/decode replicas; prints TTFT/TPOT/goodput JSON.
     Simulate(simulate::Args),
+    /// Write a random-weight checkpoint of a V4 shape in the official FP8/FP4 formats.
+    RandomModel(random_model::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),
         Command::Simulate(a) => simulate::run(a),
+        Command::RandomModel(a) => random_model::run(a),
         Command::Recipe(c) => recipe_cmd::run(c),
     };
     match result {

@@ -7,7 +7,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use deepinfer_engine::engine::KvDirConfig;
-use deepinfer_engine::{tiny, Engine, EngineConfig, Model};
+use std::sync::Arc;
+
+use deepinfer_engine::checkpoint::Checkpoint;
+use deepinfer_engine::device_model::{checkpoint_bytes, DeviceKvConfig, DeviceModel};
+use deepinfer_engine::{tiny, Engine, EngineConfig, ForwardModel, Model, ModelConfig, Numerics};
+use deepinfer_kernels_ffi::Device;
 use deepinfer_recipe::DeepseekTokenizer;
 
 use crate::progress::Progress;
@@ -20,9 +25,15 @@ pub struct EngineArgs {
     /// moved away from its checkout, a random-weight model of the same shape.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// cpu, or cuda (refused for now: the kernels exist, the GPU model that runs them does not).
+    /// cpu (the reference model), or cuda / cuda:N (the device model on that GPU; it runs
+    /// checkpoints in the official formats, FP8 attention and FP4 or FP8 experts, with V4's
+    /// attention geometry).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Fraction of the GPU's memory the weights and the cache may take (the cache gets what the
+    /// weights leave; the longest context shrinks to fit when it would not).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
     /// Keep published KV blocks in this directory too (prefix reuse across runs and processes).
     #[arg(long)]
     pub kv_dir: Option<PathBuf>,
@@ -89,15 +100,69 @@ impl Builtin {
     }
 }
 
-pub fn load(a: &EngineArgs) -> Result<Loaded> {
-    match a.device.as_str() {
-        "cpu" => {}
-        "cuda" => bail!(
-            "--device cuda: the GPU model is not assembled yet (the CUDA kernels exist and pass parity; the forward that \
-             drives them does not); use --device cpu"
-        ),
-        o => bail!("--device: `{o}` is not cpu or cuda"),
+/// The GPU of `--device` (None for cpu), with a one-line error where it cannot be used.
+fn gpu_of(a: &EngineArgs) -> Result<Option<Device>> {
+    if a.device == "cpu" {
+        return Ok(None);
     }
+    if a.device != "cuda" && !a.device.starts_with("cuda:") {
+        bail!("--device: `{}` is not cpu, cuda or cuda:N", a.device);
+    }
+    if !(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0) {
+        bail!("--gpu-memory-utilization: {} is not in (0, 1]", a.gpu_memory_utilization);
+    }
+    Device::parse(&a.device).map(Some).map_err(|e| anyhow::anyhow!("--device {}: {e}", a.device))
+}
+
+/// The device model on `gpu` with a cache sized from its free memory.
+fn load_device_model(
+    a: &EngineArgs,
+    dir: &std::path::Path,
+    gpu: &Device,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(DeviceModel, usize)> {
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let ck = Checkpoint::open_dir(dir)?;
+    let weights = checkpoint_bytes(&ck);
+    let (free, total) = gpu.memory_info()?.unwrap_or((usize::MAX / 4, usize::MAX / 4));
+    let allowed = (total as f64 * a.gpu_memory_utilization) as usize;
+    let used = total.saturating_sub(free);
+    let budget = allowed.saturating_sub(used).saturating_sub(weights);
+    if budget == 0 {
+        bail!(
+            "--device {}: the weights need {:.2} GiB, {:.2} GiB of the {:.2} GiB allowed are free",
+            a.device,
+            weights as f64 / (1u64 << 30) as f64,
+            allowed.saturating_sub(used) as f64 / (1u64 << 30) as f64,
+            allowed as f64 / (1u64 << 30) as f64
+        );
+    }
+    let want = DeviceKvConfig { slots: a.max_running, max_len: a.max_context, max_chunk: a.token_budget };
+    let kvc = want.fit(&cfg, budget)?;
+    if kvc.max_len < want.max_len {
+        eprintln!(
+            "--device {}: the longest context is {} tokens (not {}) so that {} sequences' caches fit {:.2} GiB",
+            a.device,
+            kvc.max_len,
+            want.max_len,
+            kvc.slots,
+            budget as f64 / (1u64 << 30) as f64
+        );
+    }
+    let m = DeviceModel::from_checkpoint(cfg, &ck, gpu, kvc, Numerics::Official, progress)?;
+    eprintln!(
+        "{}: {:.2} GiB of weights, {:.2} GiB of cache ({} sequences x {} tokens)",
+        a.device,
+        m.weight_bytes() as f64 / (1u64 << 30) as f64,
+        kvc.cache_bytes(m.config()) as f64 / (1u64 << 30) as f64,
+        kvc.slots,
+        kvc.max_len
+    );
+    Ok((m, kvc.max_len))
+}
+
+pub fn load(a: &EngineArgs) -> Result<Loaded> {
+    let gpu = gpu_of(a)?;
     let t0 = Instant::now();
     let (dir, builtin) = match &a.model {
         Some(d) => {
@@ -112,11 +177,23 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
         },
     };
     let mut bar = Progress::new("loading", 1);
-    let model = Model::load_with_progress(&dir, &mut |done, total| {
+    let mut progress = |done, total| {
         bar.set_total(total);
         bar.set(done, "layers");
-    })
-    .with_context(|| format!("loading {}", dir.display()))?;
+    };
+    let (model, max_context): (Arc<dyn ForwardModel>, usize) = match &gpu {
+        None => (
+            Arc::new(
+                Model::load_with_progress(&dir, &mut progress).with_context(|| format!("loading {}", dir.display()))?,
+            ),
+            a.max_context,
+        ),
+        Some(g) => {
+            let (m, max_len) =
+                load_device_model(a, &dir, g, &mut progress).with_context(|| format!("loading {}", dir.display()))?;
+            (Arc::new(m), max_len)
+        }
+    };
     let tok = match dir.join("tokenizer.json") {
         p if p.is_file() => DeepseekTokenizer::from_file(&p)?,
         _ => DeepseekTokenizer::builtin()?,
@@ -124,7 +201,7 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
     let cfg = EngineConfig {
         token_budget: a.token_budget,
         max_running: a.max_running,
-        max_context: a.max_context,
+        max_context,
         kv_dir: a.kv_dir.as_ref().map(|d| KvDirConfig {
             dir: d.clone(),
             capacity_bytes: 64 << 30,
@@ -133,7 +210,7 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
         ..Default::default()
     }
     .with_env(model.config().sliding_window)?;
-    let engine = Engine::new(model, cfg)?.with_tokenizer(tok.clone())?;
+    let engine = Engine::with_model(model, cfg)?.with_tokenizer(tok.clone())?;
     eprintln!("loaded {} in {:.2}s{}", dir.display(), t0.elapsed().as_secs_f64(), builtin.note());
     Ok(Loaded { engine, tok, builtin, dir })
 }

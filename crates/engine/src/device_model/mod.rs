@@ -10,8 +10,8 @@
 //! `window + max_chunk` K=V rows (a chunk of new tokens writes its rows before any of its queries
 //! reads the window, so the ring holds the window of the chunk's first query too), then
 //! `max_len / ratio` compressed rows; CSA layers add as many indexer keys; each compressor has a
-//! state slot for its open window. A sequence holds a slot from [`DeviceModel::new_seq`] until
-//! [`DeviceModel::release`].
+//! state slot for its open window. A sequence holds a slot from [`DeviceModel::new_seq`] until its
+//! [`DeviceSeq`] is dropped.
 //!
 //! Numerics ([`Numerics`]): every activation is stored as bf16 between ops (as the official
 //! inference kernels do); `Official` adds the rounding of MODEL_V4.md §12 (FP8 activations inside
@@ -21,6 +21,7 @@
 mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use deepinfer_kernels_ffi::attention::{attention_decode, DecodeAttnShape};
 use deepinfer_kernels_ffi::compressor::{
@@ -52,12 +53,84 @@ pub struct DeviceKvConfig {
     pub max_chunk: usize,
 }
 
-/// A sequence's handle on the device state: its slot and the tokens computed so far.
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Bytes of the tensors the device model loads (all but the MTP layers'), as stored.
+pub fn checkpoint_bytes(ck: &Checkpoint) -> usize {
+    ck.names().filter(|name| !name.starts_with("mtp.")).filter_map(|name| ck.raw(name).ok().map(|r| r.2.len())).sum()
+}
+
+impl DeviceKvConfig {
+    /// Device bytes of the pools for `cfg`: per slot and layer the window ring (window + max_chunk
+    /// bf16 K=V rows), the compressed rows and indexer keys (max_len / ratio + 1 each), and the
+    /// compressors' f32 state (open window and, overlapping, the previous window's values and gates).
+    pub fn cache_bytes(&self, cfg: &ModelConfig) -> usize {
+        let ring = cfg.sliding_window + self.max_chunk;
+        let per_slot: usize = cfg.attention[..cfg.num_layers]
+            .iter()
+            .map(|kind| {
+                let ratio = cfg.ratio(*kind);
+                let mut b = ring * cfg.head_dim * 2;
+                if let Some(cap) = self.max_len.checked_div(ratio).map(|c| c + 1) {
+                    let overlap = *kind == AttentionKind::Csa;
+                    let state = |w: usize| {
+                        2 * ratio * w * if overlap { 2 } else { 1 } * 4 + if overlap { 2 * ratio * w * 4 } else { 0 }
+                    };
+                    b += cap * cfg.head_dim * 2 + state(cfg.head_dim);
+                    if overlap {
+                        b += cap * cfg.index_head_dim * 2 + state(cfg.index_head_dim);
+                    }
+                }
+                b
+            })
+            .sum();
+        self.slots * per_slot
+    }
+
+    /// This configuration with `max_len` lowered (in steps of 256 tokens) until the pools fit
+    /// `budget` bytes; an error names the flags to change when not even 2 x max_chunk tokens fit.
+    pub fn fit(self, cfg: &ModelConfig, budget: usize) -> Result<DeviceKvConfig, ModelError> {
+        let mut k = self;
+        while k.cache_bytes(cfg) > budget && k.max_len > 2 * k.max_chunk {
+            k.max_len = (k.max_len - 256).max(2 * k.max_chunk);
+        }
+        if k.cache_bytes(cfg) > budget {
+            return Err(input(
+                "kv",
+                format!(
+                    "the device cache for {} sequences of {} tokens needs {:.2} GiB, {:.2} GiB are left after the \
+                     weights; lower --max-running or --token-budget, or raise --gpu-memory-utilization",
+                    k.slots,
+                    k.max_len,
+                    k.cache_bytes(cfg) as f64 / GIB,
+                    budget as f64 / GIB
+                ),
+            ));
+        }
+        Ok(k)
+    }
+}
+
+/// A sequence's handle on the device state: its slot (given back when dropped) and the tokens
+/// computed so far.
 #[derive(Debug)]
 pub struct DeviceSeq {
     slot: usize,
     /// Tokens processed so far (the next token's position).
     pub len: usize,
+    /// Tokens whose compressed rows came from the prefix cache: windows ending at or before it are
+    /// present, and a replay over them only rebuilds the compressor state.
+    restored: usize,
+    /// First position with a K=V row in the ring: 0, or the replay start after a restore (the
+    /// reference model's ring likewise starts empty there).
+    win_from: usize,
+    free: Arc<Mutex<Vec<bool>>>,
+}
+
+impl Drop for DeviceSeq {
+    fn drop(&mut self) {
+        self.free.lock()[self.slot] = true;
+    }
 }
 
 /// Per-layer cache pools.
@@ -72,7 +145,6 @@ struct LayerKv {
 
 struct Pools {
     layers: Vec<LayerKv>,
-    free: Vec<bool>,
     status: DeviceBuffer<i32>,
 }
 
@@ -88,6 +160,7 @@ pub struct DeviceModel {
     official: bool,
     ring: usize,
     pools: Mutex<Pools>,
+    free: Arc<Mutex<Vec<bool>>>,
 }
 
 /// One sequence's rows in a batch.
@@ -96,6 +169,8 @@ struct Span {
     len: usize,
     pos0: usize,
     slot: usize,
+    restored: usize,
+    win_from: usize,
 }
 
 /// A batch's host-built index lists for one layer kind, uploaded once per forward.
@@ -156,6 +231,24 @@ impl DeviceModel {
         }
         let stream = device.default_stream();
         let (v, d, n) = (cfg.vocab_size, cfg.hidden_size, cfg.hc_mult);
+        // Fail before loading when the weights and the cache cannot fit.
+        if let Some((free, _)) = device.memory_info()? {
+            let weights = checkpoint_bytes(ck);
+            let cache = kvc.cache_bytes(&cfg);
+            if weights + cache > free {
+                return Err(input(
+                    "model",
+                    format!(
+                        "needs {:.2} GiB on {} ({:.2} GiB of weights, {:.2} GiB of cache), {:.2} GiB free",
+                        (weights + cache) as f64 / GIB,
+                        device.label(),
+                        weights as f64 / GIB,
+                        cache as f64 / GIB,
+                        free as f64 / GIB
+                    ),
+                ));
+            }
+        }
         let mut l = Loader { ck, cfg: &cfg, s: &stream, bytes: 0, round_act: official };
         let total = cfg.num_layers + 1;
         let embed = l.bf16("embed.weight", &[v, d])?;
@@ -219,7 +312,7 @@ impl DeviceModel {
             };
             layers.push(LayerKv { kv: stream.zeros(rows * cfg.head_dim)?, index, comp, index_comp });
         }
-        let pools = Pools { layers, free: vec![true; kvc.slots], status: stream.zeros(1)? };
+        let pools = Pools { layers, status: stream.zeros(1)? };
         Ok(DeviceModel {
             ones: stream.upload(&vec![bf16::ONE; cfg.head_dim])?,
             official,
@@ -228,6 +321,7 @@ impl DeviceModel {
             compress_rope,
             ring,
             pools: Mutex::new(pools),
+            free: Arc::new(Mutex::new(vec![true; kvc.slots])),
             kvc,
             stream,
             cfg,
@@ -249,17 +343,126 @@ impl DeviceModel {
 
     /// A new sequence's state: a free slot of the pools.
     pub fn new_seq(&self) -> Result<DeviceSeq, ModelError> {
-        let mut p = self.pools.lock();
-        let slot = p.free.iter().position(|f| *f).ok_or_else(|| {
+        let mut free = self.free.lock();
+        let slot = free.iter().position(|f| *f).ok_or_else(|| {
             input("kv", format!("all {} sequence slots of the device cache are in use", self.kvc.slots))
         })?;
-        p.free[slot] = false;
-        Ok(DeviceSeq { slot, len: 0 })
+        free[slot] = false;
+        Ok(DeviceSeq { slot, len: 0, restored: 0, win_from: 0, free: self.free.clone() })
     }
 
-    /// Give a sequence's slot back.
+    /// Give a sequence's slot back (the same as dropping it).
     pub fn release(&self, seq: DeviceSeq) {
-        self.pools.lock().free[seq.slot] = true;
+        drop(seq);
+    }
+
+    /// Pool rows of a slot's compressed rows in a layer of `ratio` (kv pool) and of its indexer
+    /// keys (index pool).
+    fn comp_rows(&self, slot: usize, ratio: usize) -> (usize, usize) {
+        let cap = self.comp_cap(ratio);
+        (self.kvc.slots * self.ring + slot * cap, slot * cap)
+    }
+
+    /// Identity of the configuration, the numerics, the payload encoding (bf16 rows) and a sample
+    /// of the weights: the prefix cache's model key.
+    pub fn fingerprint(&self) -> String {
+        use deepinfer_kv::{block_hashes, ExtraKeys};
+        let s = &self.stream;
+        let (v, d) = (self.cfg.vocab_size, self.cfg.hidden_size);
+        let mut bits: Vec<u32> = Vec::new();
+        for row in [0, v / 3, v - 1] {
+            if let Ok(r) = s.download_range(&self.w.embed, row * d, d.min(64)) {
+                bits.extend(r.iter().map(|x| x.to_bits() as u32));
+            }
+            if let Ok(r) = s.download_range(&self.w.head, row * d, d.min(64)) {
+                bits.extend(r.iter().map(|x| x.to_bits() as u32));
+            }
+        }
+        for b in &self.w.blocks {
+            if let Ok(r) = s.download_range(&b.attn.sink, 0, b.attn.sink.len()) {
+                bits.extend(r.iter().map(|x| x.to_bits()));
+            }
+        }
+        let keys = ExtraKeys {
+            model: format!("{:?}", self.cfg),
+            encoding: format!("device-bf16-rows official={}", self.official),
+            cache_salt: None,
+        };
+        block_hashes(&bits, bits.len().max(1), &keys).last().map(|h| h.to_hex()).unwrap_or_default()
+    }
+
+    /// The payload of block `block` (tokens block·bt .. (block+1)·bt) of a sequence that has
+    /// computed them: for every CSA/HCA layer in order its bt / ratio compressed rows, then (CSA)
+    /// as many indexer keys, as little-endian bf16.
+    pub fn block_payload(&self, seq: &DeviceSeq, block: usize, bt: usize) -> Result<Vec<u8>, ModelError> {
+        if (block + 1) * bt > seq.len {
+            return Err(input("block", format!("block {block} of {bt} tokens is past the {} computed", seq.len)));
+        }
+        let s = &self.stream;
+        let pools = self.pools.lock();
+        let mut out = Vec::new();
+        let mut push = |v: Vec<bf16>| out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        for (blk, kv) in self.w.blocks.iter().zip(&pools.layers) {
+            let Some(c) = &blk.attn.compressor else { continue };
+            let per = bt / c.ratio;
+            let (kv_row, ix_row) = self.comp_rows(seq.slot, c.ratio);
+            let hd = c.width;
+            push(s.download_range(&kv.kv, (kv_row + block * per) * hd, per * hd)?);
+            if let (Some(ix), Some(pool)) = (&blk.attn.indexer, &kv.index) {
+                let w = ix.compressor.width;
+                push(s.download_range(pool, (ix_row + block * per) * w, per * w)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A sequence holding the compressed rows of `blocks` (consecutive blocks from the start) whose
+    /// next token is `replay_from`, a multiple of every compress ratio: the caller replays the
+    /// tokens from there to rebuild the window rings and the compressors' open windows (the
+    /// replayed windows' rows are not recomputed).
+    pub fn restore_state(&self, blocks: &[&[u8]], bt: usize, replay_from: usize) -> Result<DeviceSeq, ModelError> {
+        let bad = |problem: String| input("cached blocks", problem);
+        let expect = self.cfg.kv_layout(bt, 2).map_err(|e| bad(e.to_string()))?.block_bytes();
+        if let Some((i, b)) = blocks.iter().enumerate().find(|(_, b)| b.len() != expect) {
+            return Err(bad(format!("block {i} has {} bytes, the layout needs {expect}", b.len())));
+        }
+        if replay_from > blocks.len() * bt {
+            return Err(bad(format!("replay from {replay_from} is past the {} cached tokens", blocks.len() * bt)));
+        }
+        if blocks.len() * bt > self.kvc.max_len {
+            return Err(bad(format!(
+                "{} cached tokens exceed the device cache's {}",
+                blocks.len() * bt,
+                self.kvc.max_len
+            )));
+        }
+        let mut seq = self.new_seq()?;
+        let s = &self.stream;
+        let mut pools = self.pools.lock();
+        let rows = |b: &[u8]| -> Vec<bf16> { b.chunks_exact(2).map(|x| bf16::from_le_bytes([x[0], x[1]])).collect() };
+        let mut offset = 0;
+        for (blk, kv) in self.w.blocks.iter().zip(pools.layers.iter_mut()) {
+            let Some(c) = &blk.attn.compressor else { continue };
+            if !replay_from.is_multiple_of(c.ratio) {
+                return Err(bad(format!("replay start {replay_from} is not a multiple of ratio {}", c.ratio)));
+            }
+            let per = bt / c.ratio;
+            let (kv_row, ix_row) = self.comp_rows(seq.slot, c.ratio);
+            let rb = per * c.width * 2;
+            let ib = blk.attn.indexer.as_ref().map_or(0, |ix| per * ix.compressor.width * 2);
+            for (i, b) in blocks.iter().enumerate() {
+                s.write_range(&mut kv.kv, (kv_row + i * per) * c.width, &rows(&b[offset..offset + rb]))?;
+                if let (Some(ix), Some(pool)) = (&blk.attn.indexer, kv.index.as_mut()) {
+                    let w = ix.compressor.width;
+                    s.write_range(pool, (ix_row + i * per) * w, &rows(&b[offset + rb..offset + rb + ib]))?;
+                }
+            }
+            offset += rb + ib;
+        }
+        seq.len = replay_from;
+        seq.restored = blocks.len() * bt;
+        seq.win_from = replay_from;
+        Ok(seq)
     }
 
     fn shape(&self) -> HcShape {
@@ -322,7 +525,14 @@ impl DeviceModel {
                     ),
                 ));
             }
-            spans.push(Span { start: ids.len(), len: tokens.len(), pos0: seq.len, slot: seq.slot });
+            spans.push(Span {
+                start: ids.len(),
+                len: tokens.len(),
+                pos0: seq.len,
+                slot: seq.slot,
+                restored: seq.restored,
+                win_from: seq.win_from,
+            });
             positions.extend((0..tokens.len()).map(|i| (seq.len + i) as i32));
             ids.extend(tokens.iter().map(|t| *t as i32));
         }
@@ -404,7 +614,8 @@ impl DeviceModel {
         for sp in spans {
             for t in 0..sp.len {
                 let p = sp.pos0 + t;
-                let mut l: Vec<i32> = (p + 1 - w.min(p + 1)..=p).map(|q| (sp.slot * ring + q % ring) as i32).collect();
+                let lo = (p + 1).saturating_sub(w).max(sp.win_from);
+                let mut l: Vec<i32> = (lo..=p).map(|q| (sp.slot * ring + q % ring) as i32).collect();
                 at.push(l.len() as i32);
                 let visible = (p + 1).checked_div(ratio).unwrap_or(0);
                 let mut count = l.len();
@@ -448,7 +659,8 @@ impl DeviceModel {
         let (mut out_rows, mut index_out_rows) =
             (vec![-1i32; spans.len() * max_windows], vec![-1i32; spans.len() * max_windows]);
         for (b, (sp, (first, count))) in spans.iter().zip(&closes).enumerate() {
-            for j in 0..*count {
+            // A window whose row came from the prefix cache only rebuilds the state (-1).
+            for j in (0..*count).filter(|j| (first + j + 1) * ratio > sp.restored) {
                 out_rows[b * max_windows + j] = comp_base(sp.slot) + (first + j) as i32;
                 index_out_rows[b * max_windows + j] = (sp.slot * comp_cap + first + j) as i32;
             }

@@ -10,7 +10,7 @@ use deepinfer_recipe::Matcher;
 use deepinfer_scheduler::{Outcome, StepPlan};
 
 use super::{Engine, EngineStats, Event, FinishReason, GenerateOutput, GenerateRequest, Restore};
-use crate::model::{LogitRows, Numerics, SequenceState};
+use crate::forward::SeqState;
 use crate::sampler::{sample, SamplingParams};
 
 pub(super) enum ExecMsg {
@@ -64,7 +64,7 @@ struct Live {
     events: Sender<Event>,
     /// Prompt and generated tokens.
     tokens: Vec<u32>,
-    state: Option<SequenceState>,
+    state: Option<SeqState>,
     restore: Option<Restore>,
     table: BlockTable,
     hashes: Vec<BlockHash>,
@@ -173,15 +173,15 @@ impl<'a> Executor<'a> {
 
     /// The state a step item continues from: the live one, a restore from the prefix cache, or a
     /// fresh one (after a recompute preemption).
-    fn state_for(&self, l: &mut Live, context: usize) -> Result<SequenceState, String> {
+    fn state_for(&self, l: &mut Live, context: usize) -> Result<SeqState, String> {
         if let Some(st) = l.state.take() {
-            if st.len == context {
+            if st.len() == context {
                 return Ok(st);
             }
         }
         if context == 0 {
             l.table = self.fresh_table(None);
-            return Ok(self.eng.model.new_state());
+            return self.eng.model.new_state().map_err(|e| e.to_string());
         }
         match (&l.restore, &self.eng.kv) {
             (Some(r), Some(kv)) if r.plan.replay_from == context => {
@@ -206,7 +206,7 @@ impl<'a> Executor<'a> {
             id: u64,
             chunk: Vec<u32>,
             samples: bool,
-            state: SequenceState,
+            state: SeqState,
         }
         let mut work: Vec<Work> = Vec::new();
         for it in &plan.items {
@@ -227,11 +227,11 @@ impl<'a> Executor<'a> {
                 continue;
             }
             if let Some(r) = &l.restore {
-                let replay = r.plan.reused_tokens.min(end).saturating_sub(st.len);
+                let replay = r.plan.reused_tokens.min(end).saturating_sub(st.len());
                 self.stats.replayed_tokens += replay;
             }
-            self.stats.computed_tokens += end - st.len;
-            work.push(Work { id: it.id, chunk: l.tokens[st.len..end].to_vec(), samples: it.samples, state: st });
+            self.stats.computed_tokens += end - st.len();
+            work.push(Work { id: it.id, chunk: l.tokens[st.len()..end].to_vec(), samples: it.samples, state: st });
             self.live.insert(it.id, l);
         }
         if work.is_empty() {
@@ -247,7 +247,7 @@ impl<'a> Executor<'a> {
                 }
             }
         }
-        let model = &self.eng.model;
+        let model = &*self.eng.model;
         let (result, masked) = std::thread::scope(|s| {
             let masks = s.spawn(move || {
                 matchers
@@ -258,9 +258,9 @@ impl<'a> Executor<'a> {
                     })
                     .collect::<Vec<_>>()
             });
-            let mut batch: Vec<(&[u32], &mut SequenceState)> =
+            let mut batch: Vec<(&[u32], &mut SeqState)> =
                 work.iter_mut().map(|w| (w.chunk.as_slice(), &mut w.state)).collect();
-            let r = model.forward_rows(&mut batch, Numerics::Reference, false, LogitRows::Last);
+            let r = model.forward_last(&mut batch);
             (r, masks.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
         });
         let v = model.config().vocab_size;
@@ -272,7 +272,7 @@ impl<'a> Executor<'a> {
             masks.insert(id, mask.map(|mk| (0..v).map(|t| t < mk.len() && mk.is_allowed(t as u32)).collect()));
         }
         let outs = match result {
-            Ok((o, _)) => o,
+            Ok(o) => o,
             Err(e) => {
                 for w in work {
                     if let Some(l) = self.live.remove(&w.id) {
@@ -286,7 +286,7 @@ impl<'a> Executor<'a> {
         for (w, o) in work.into_iter().zip(outs) {
             let Some(mut l) = self.live.remove(&w.id) else { continue };
             if let Some(kv) = &self.eng.kv {
-                let full = w.state.len / kv.block_tokens * kv.block_tokens;
+                let full = w.state.len() / kv.block_tokens * kv.block_tokens;
                 kv.extend_hashes(&mut l.hashes, &l.tokens[..full], l.req.cache_salt.as_deref());
                 kv.publish(model, &w.state, &mut l.table, &l.hashes, l.req.cache_class);
             }
@@ -306,7 +306,7 @@ impl<'a> Executor<'a> {
             };
             let generated = &l.tokens[l.req.prompt.len()..];
             let pos = l.tokens.len() as u64;
-            let Some(s) = sample(&o.logits, generated, &l.params, pos, mask.as_deref()) else {
+            let Some(s) = sample(&o, generated, &l.params, pos, mask.as_deref()) else {
                 done.failed.push(w.id);
                 self.finish(l, FinishReason::Error, Some("`constraint`: no token can continue the output".into()));
                 continue;

@@ -15,7 +15,7 @@ use deepinfer_kv::{KvError, PrefixCache};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::model::{Model, SequenceState};
+use crate::forward::{ForwardModel, SeqState};
 
 /// How the state a prefix hit does not store (window rings, open compressor windows) is rebuilt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -74,7 +74,7 @@ pub struct KvCache {
 impl KvCache {
     /// None when the model keeps no compressed rows (nothing to share) or `capacity` is 0.
     pub fn new(
-        model: &Model,
+        model: &dyn ForwardModel,
         block_tokens: usize,
         capacity: usize,
         replay: ReplayMode,
@@ -191,16 +191,19 @@ impl KvCache {
     /// durable tier. `hashes` are the sequence's block hashes (at least as many as complete blocks).
     pub fn publish(
         &self,
-        model: &Model,
-        state: &SequenceState,
+        model: &dyn ForwardModel,
+        state: &SeqState,
         table: &mut BlockTable,
         hashes: &[BlockHash],
         class: CacheClass,
     ) {
         let bt = self.block_tokens;
-        while (table.blocks().len() + 1) * bt <= state.len && table.blocks().len() < hashes.len() {
+        while (table.blocks().len() + 1) * bt <= state.len() && table.blocks().len() < hashes.len() {
             let b = table.blocks().len();
-            let payload = model.block_payload(state, b, bt);
+            let Ok(payload) = model.block_payload(state, b, bt) else {
+                self.stats.lock().publish_skipped += 1;
+                return;
+            };
             let mut cache = self.cache.lock();
             let parent = (b > 0).then(|| hashes[b - 1]);
             let block = match cache.block(&hashes[b]).cloned() {

@@ -30,6 +30,7 @@ use deepinfer_scheduler::{CostModel, DeviceRates, ModelShape, PreemptionMode, Re
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::forward::ForwardModel;
 use crate::model::Model;
 use crate::sampler::SamplingParams;
 use exec::{Admission, ExecMsg, Executor, StepDone};
@@ -258,7 +259,7 @@ pub(crate) struct TextTools {
 }
 
 pub struct Engine {
-    model: Arc<Model>,
+    model: Arc<dyn ForwardModel>,
     cfg: EngineConfig,
     kv: Option<KvCache>,
     text: Option<TextTools>,
@@ -272,12 +273,19 @@ enum Command {
 }
 
 impl Engine {
+    /// An engine over the reference CPU model.
     pub fn new(model: Model, cfg: EngineConfig) -> Result<Engine, EngineError> {
+        Engine::with_model(Arc::new(model), cfg)
+    }
+
+    /// An engine over any model ([`ForwardModel`]: the reference model, or the device model on the
+    /// cpu backend or a GPU).
+    pub fn with_model(model: Arc<dyn ForwardModel>, cfg: EngineConfig) -> Result<Engine, EngineError> {
         let block_tokens = model.block_tokens_at_least(cfg.block_tokens);
-        let kv = KvCache::new(&model, block_tokens, cfg.prefix_cache_blocks, cfg.replay, cfg.kv_dir.as_ref())?;
+        let kv = KvCache::new(&*model, block_tokens, cfg.prefix_cache_blocks, cfg.replay, cfg.kv_dir.as_ref())?;
         let cfg = EngineConfig { block_tokens, ..cfg };
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        Ok(Engine { model: Arc::new(model), cfg, kv, text: None, seeds: Mutex::new(t ^ std::process::id() as u64) })
+        Ok(Engine { model, cfg, kv, text: None, seeds: Mutex::new(t ^ std::process::id() as u64) })
     }
 
     /// Decode text, honour stop strings and grammars with this tokenizer.
@@ -287,8 +295,8 @@ impl Engine {
         Ok(self)
     }
 
-    pub fn model(&self) -> &Model {
-        &self.model
+    pub fn model(&self) -> &dyn ForwardModel {
+        &*self.model
     }
 
     pub fn config(&self) -> &EngineConfig {

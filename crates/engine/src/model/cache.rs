@@ -5,12 +5,11 @@
 //! is never stored: the engine rebuilds it by replaying tokens before the first uncached one
 //! (`deepinfer_kv::replay`).
 
-use deepinfer_kv::{block_hashes, ExtraKeys, KvError, KvLayout, LayerGeometry};
+use deepinfer_kv::{block_hashes, ExtraKeys, KvError, KvLayout};
 
 use super::attention::AttentionState;
 use super::compressor::CompressorState;
 use super::{Model, ModelError, SequenceState};
-use crate::config::AttentionKind;
 
 const F32: usize = 4;
 
@@ -28,44 +27,7 @@ fn read_rows(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
 impl Model {
     /// The cache geometry of this model with f32 rows (the CPU backend's element type).
     pub fn kv_layout(&self, block_tokens: usize) -> Result<KvLayout, KvError> {
-        let c = &self.cfg;
-        let layers = self
-            .blocks
-            .iter()
-            .map(|b| {
-                let hd = c.head_dim * F32;
-                match b.attn.kind {
-                    AttentionKind::Sliding => LayerGeometry {
-                        ratio: 0,
-                        overlap: false,
-                        row_bytes: 0,
-                        indexer_row_bytes: 0,
-                        window_row_bytes: hd,
-                        partial_token_bytes: 0,
-                        indexer_partial_token_bytes: 0,
-                    },
-                    AttentionKind::Csa => LayerGeometry {
-                        ratio: c.csa_ratio,
-                        overlap: true,
-                        row_bytes: hd,
-                        indexer_row_bytes: c.index_head_dim * F32,
-                        window_row_bytes: hd,
-                        partial_token_bytes: 2 * 2 * hd,
-                        indexer_partial_token_bytes: 2 * 2 * c.index_head_dim * F32,
-                    },
-                    AttentionKind::Hca => LayerGeometry {
-                        ratio: c.hca_ratio,
-                        overlap: false,
-                        row_bytes: hd,
-                        indexer_row_bytes: 0,
-                        window_row_bytes: hd,
-                        partial_token_bytes: 2 * hd,
-                        indexer_partial_token_bytes: 0,
-                    },
-                }
-            })
-            .collect();
-        KvLayout::new(block_tokens, c.sliding_window, layers)
+        self.cfg.kv_layout(block_tokens, F32)
     }
 
     /// A stable identity of the configuration and weights (SHA-256 over the configuration and a
@@ -87,32 +49,12 @@ impl Model {
 
     /// The smallest block size that is a multiple of every compress ratio and at least `min`.
     pub fn block_tokens_at_least(&self, min: usize) -> usize {
-        let ratios = [self.cfg.csa_ratio, self.cfg.hca_ratio];
-        let mut l = 1usize;
-        for (r, kind) in ratios.into_iter().zip([AttentionKind::Csa, AttentionKind::Hca]) {
-            if r > 0 && self.blocks.iter().any(|b| b.attn.kind == kind) {
-                l = l / gcd(l, r) * r;
-            }
-        }
-        min.max(1).div_ceil(l) * l
+        self.cfg.block_tokens_at_least(min)
     }
 
-    /// Tokens a replay must recompute after a block-aligned restore for the rebuilt state to equal
-    /// a cold run's: every layer's window ring depends on the previous layer's ring, so the
-    /// receptive field is layers × (window − 1), plus a compressor's open and previous window.
+    /// Tokens a replay must recompute after a block-aligned restore (`ModelConfig::exact_replay_tokens`).
     pub fn exact_replay_tokens(&self) -> usize {
-        let w = self.cfg.sliding_window.saturating_sub(1);
-        let comp = self
-            .blocks
-            .iter()
-            .map(|b| match b.attn.kind {
-                AttentionKind::Sliding => 0,
-                AttentionKind::Csa => 2 * self.cfg.csa_ratio,
-                AttentionKind::Hca => self.cfg.hca_ratio,
-            })
-            .max()
-            .unwrap_or(0);
-        self.blocks.len() * w + comp
+        self.cfg.exact_replay_tokens()
     }
 
     /// The payload of block `block` (tokens block·bt .. (block+1)·bt) of a state that has computed
@@ -176,13 +118,5 @@ impl Model {
             }
         }
         Ok(SequenceState { len: replay_from, layers })
-    }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }

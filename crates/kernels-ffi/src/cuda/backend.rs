@@ -110,6 +110,11 @@ impl CudaBackend {
         }))
     }
 
+    /// (free, total) bytes of device memory.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
     pub fn ordinal(&self) -> usize {
         self.ctx.ordinal()
     }

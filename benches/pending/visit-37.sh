@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Visit for issue #37 (written 2026-12-07 before the run): the device model on the GPU end to end.
+#
+# Part "tests": tests/gpu_device_model.rs (CUDA vs the cpu backend on a random 4-layer checkpoint
+#   with V4 attention geometry; decode step times printed).
+# Part "ours": `deepinfer random-model` (V4-Flash layer shapes, 4 layers, 256 experts), then
+#   `deepinfer generate --device cuda` and `deepinfer bench --device cuda` on it.
+# Part "peer": benches/peers/model_torch.py, transformers' DeepseekV4ForCausalLM bf16 eager on the
+#   same config.json (27.4B parameters at 4 layers), same card, same visit.
+#
+# Predictions (before any run):
+# - tests: the bf16 comparison passes (median within 2e-2); the official one reports a median of
+#   about 5e-2 to 1e-1 (the noise the cpu-backend comparison showed).
+# - ours, decode batch 1: a step reads ~0.76 GB of layer weights (FP8 dense ~113 MB, shared expert
+#   25 MB, 6 FP4 experts 26 MB, compressors 20 MB a layer) plus the 1.06 GB bf16 head: ~1.8 GB, a
+#   floor of ~0.55 ms at 3.3 TB/s. The forward is eager: ~80 ops a layer each allocating its
+#   outputs and the host building key lists and syncing for the logits, so ~8-15 ms a step
+#   (70-120 tok/s), 0.04-0.07 of the floor; batch 8 about the same step time (8x the tok/s).
+#   Prefill 2048: attention runs the decode kernel per query (not the dense prefill kernel) and
+#   the indexer per token, so a few thousand tok/s at most.
+# - peer: ~40 tok/s at batch 1 (GPU.md measured 39 on the H200), prefill ~13k tok/s at 8k.
+#   So ours ~2-3x the peer at batch 1 decode (target 20x: missed; the step breakdown decides what
+#   to fix first), below it at prefill.
+#
+# Build (this machine): cargo xtask kernels && cargo xtask gpu-bundle --only gpu_device_model
+#   cp target/release/deepinfer target/gpu-bundle/   (built with --features deepinfer/cuda)
+#   cp benches/pending/visit-37.sh benches/peers/model_torch.py target/gpu-bundle/
+# Device call: carry ["target/gpu-bundle"], command `bash target/gpu-bundle/visit-37.sh "$OUT" "tests ours"`
+#   then `... "$OUT" peer` while the machine is warm (the model stays in /tmp/v4).
+set -u
+out=${1:?}
+parts=${2:-tests ours peer}
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$out/gpu.csv" 2>&1
+bin="$here/deepinfer"
+[ -f "$bin.xz" ] && python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$bin.xz" "$bin"
+chmod +x "$bin" 2>/dev/null
+model=/tmp/v4
+for p in $parts; do
+  case $p in
+    tests)
+      timeout 300 bash "$here/run.sh" "$out" > "$out/tests-run.log" 2>&1; echo "tests rc=$?"
+      grep -v "step [0-9]*: error" "$out/tests.log" | tail -20 ;;
+    ours)
+      "$bin" doctor > "$out/doctor-ours.txt" 2>&1
+      [ -f $model/config.json ] || timeout 400 "$bin" random-model --out $model --layers 4 --experts 256 2>&1 | tail -2
+      cp $model/config.json "$out/model-config.json"
+      timeout 120 "$bin" generate --device cuda --model $model --max-running 8 --max-context 4096 \
+        --prompt "The GPU says" --max-tokens 16 > "$out/generate.txt" 2>&1; echo "generate rc=$?"; tail -5 "$out/generate.txt"
+      timeout 400 "$bin" bench --device cuda --model $model --max-running 64 --max-context 4096 \
+        --prefill 512,2048 --suffix 64 --decode-batch 1,8,64 --decode-context 512 --decode-tokens 32 \
+        --out "$out/bench-ours.json" > "$out/bench-ours.log" 2>&1; echo "bench rc=$?"; tail -40 "$out/bench-ours.log" ;;
+    peer)
+      cd "$here" && timeout 500 /opt/torch/.venv/bin/python model_torch.py $model "$out/peer.json" \
+        --prefill 512,2048 --decode 1,8,64 --context 512 --new 32 > "$out/peer.log" 2>&1; echo "peer rc=$?"; tail -12 "$out/peer.log" ;;
+  esac
+done
