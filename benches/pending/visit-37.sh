@@ -51,7 +51,12 @@ for p in $parts; do
         --prompt "The GPU says" --max-tokens 16 > "$out/generate.txt" 2>&1; echo "generate rc=$?"; tail -5 "$out/generate.txt"
       timeout 400 "$bin" bench --device cuda --model $model --max-running 64 --max-context 4096 \
         --prefill 512,2048 --suffix 64 --decode-batch 1,8,64 --decode-context 512 --decode-tokens 32 \
-        --out "$out/bench-ours.json" > "$out/bench-ours.log" 2>&1; echo "bench rc=$?"; tail -40 "$out/bench-ours.log" ;;
+        --out "$out/bench-ours.json" > "$out/bench-ours.log" 2>&1; echo "bench rc=$?"; grep -A12 '"decode"' "$out/bench-ours.log" | head -40
+      # The step breakdown: every forward section closed by a sync (slower; its own run).
+      DEEPINFER_PROFILE=1 timeout 300 "$bin" bench --device cuda --model $model --max-running 64 --max-context 4096 \
+        --prefill 512 --suffix 64 --decode-batch 1,64 --decode-context 512 --decode-tokens 16 \
+        --out "$out/bench-profile.json" > "$out/bench-profile.log" 2>&1; echo "profile rc=$?"
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print(p['batch'], s['section'], round(s['seconds']*1e3/ max(1,1),1), s['times']) for p in r['decode_profile'] for s in p['sections']]" "$out/bench-profile.json" ;;
     peer)
       cd "$here" && timeout 500 /opt/torch/.venv/bin/python model_torch.py $model "$out/peer.json" \
         --prefill 512,2048 --decode 1,8,64 --context 512 --new 32 > "$out/peer.log" 2>&1; echo "peer rc=$?"; tail -12 "$out/peer.log" ;;

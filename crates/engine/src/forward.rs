@@ -71,6 +71,10 @@ pub trait ForwardModel: Send + Sync {
     }
     /// The shareable rows of block `block` of a state that has computed them.
     fn block_payload(&self, st: &SeqState, block: usize, block_tokens: usize) -> Result<Vec<u8>, ModelError>;
+    /// Time per section of the forward so far (section, seconds, times), where the model measures it.
+    fn profile(&self) -> Vec<(String, f64, u64)> {
+        Vec::new()
+    }
     /// A state holding `blocks` (consecutive from the start) whose next token is `replay_from`.
     fn restore_state(&self, blocks: &[&[u8]], block_tokens: usize, replay_from: usize) -> Result<SeqState, ModelError>;
 }
@@ -163,6 +167,9 @@ impl ForwardModel for DeviceModel {
     }
     fn block_payload(&self, st: &SeqState, block: usize, block_tokens: usize) -> Result<Vec<u8>, ModelError> {
         DeviceModel::block_payload(self, st.get::<DeviceSeq>().ok_or_else(wrong_state)?, block, block_tokens)
+    }
+    fn profile(&self) -> Vec<(String, f64, u64)> {
+        DeviceModel::profile(self)
     }
     fn restore_state(&self, blocks: &[&[u8]], block_tokens: usize, replay_from: usize) -> Result<SeqState, ModelError> {
         Ok(SeqState::new(DeviceModel::restore_state(self, blocks, block_tokens, replay_from)?))

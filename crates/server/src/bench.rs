@@ -137,7 +137,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
 
     let mut decode = Vec::new();
+    let mut profiles = Vec::new();
     for &b in &a.decode_batch {
+        let p0 = main.model().profile();
         let reqs: Vec<GenerateRequest> = (0..b as u64)
             .map(|i| {
                 let mut r = GenerateRequest::new(
@@ -160,6 +162,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
                            "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
                            "token_layers_per_s": tps * layers as f64,
                            "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3}));
+        // The decode run's share of the step breakdown (DEEPINFER_PROFILE=1; its prefill included).
+        let p1 = main.model().profile();
+        let secs: Vec<Value> = p1
+            .iter()
+            .map(|(k, sec, n)| {
+                let (s0, n0) = p0.iter().find(|x| &x.0 == k).map_or((0.0, 0), |x| (x.1, x.2));
+                json!({"section": k, "seconds": sec - s0, "times": n - n0})
+            })
+            .collect();
+        if !secs.is_empty() {
+            profiles.push(json!({"batch": b, "sections": secs}));
+        }
         step += 1;
         bar.set(step, &format!("decode batch {b}"));
     }
@@ -172,6 +186,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "prefill": prefill,
         "prefill_cached": cached,
         "decode": decode,
+        // DEEPINFER_PROFILE=1: wall seconds per forward section of each decode run, each closed by a sync.
+        "decode_profile": profiles,
     });
     let text = serde_json::to_string_pretty(&report)?;
     println!("{text}");

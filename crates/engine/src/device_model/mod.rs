@@ -55,6 +55,31 @@ pub struct DeviceKvConfig {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// Wall time per section of the forward, each section ended by a stream synchronisation (so it
+/// includes its launch gaps and host work): the step breakdown `deepinfer bench` reports with
+/// `DEEPINFER_PROFILE=1`. Off by default (the synchronisations cost throughput).
+#[derive(Default)]
+struct Profile {
+    on: bool,
+    /// section -> (seconds, times entered)
+    sections: Mutex<std::collections::BTreeMap<&'static str, (f64, u64)>>,
+}
+
+impl Profile {
+    /// Close the section that began at `*last` as `name` (no-op when off).
+    fn mark(&self, s: &Stream, last: &mut std::time::Instant, name: &'static str) -> Result<(), ModelError> {
+        if self.on {
+            s.synchronize()?;
+            let mut m = self.sections.lock();
+            let e = m.entry(name).or_default();
+            e.0 += last.elapsed().as_secs_f64();
+            e.1 += 1;
+            *last = std::time::Instant::now();
+        }
+        Ok(())
+    }
+}
+
 /// Bytes of the tensors the device model loads (all but the MTP layers'), as stored.
 pub fn checkpoint_bytes(ck: &Checkpoint) -> usize {
     ck.names().filter(|name| !name.starts_with("mtp.")).filter_map(|name| ck.raw(name).ok().map(|r| r.2.len())).sum()
@@ -161,6 +186,7 @@ pub struct DeviceModel {
     ring: usize,
     pools: Mutex<Pools>,
     free: Arc<Mutex<Vec<bool>>>,
+    prof: Profile,
 }
 
 /// One sequence's rows in a batch.
@@ -322,6 +348,7 @@ impl DeviceModel {
             ring,
             pools: Mutex::new(pools),
             free: Arc::new(Mutex::new(vec![true; kvc.slots])),
+            prof: Profile { on: std::env::var("DEEPINFER_PROFILE").is_ok_and(|v| v == "1"), ..Default::default() },
             kvc,
             stream,
             cfg,
@@ -330,6 +357,11 @@ impl DeviceModel {
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// The step breakdown so far (section, seconds, times), empty unless `DEEPINFER_PROFILE=1`.
+    pub fn profile(&self) -> Vec<(String, f64, u64)> {
+        self.prof.sections.lock().iter().map(|(k, v)| (k.to_string(), v.0, v.1)).collect()
     }
 
     /// Bytes of the weights on the device.
@@ -537,6 +569,7 @@ impl DeviceModel {
             ids.extend(tokens.iter().map(|t| *t as i32));
         }
         let s = &self.stream;
+        let mut t = std::time::Instant::now();
         let sh = self.shape();
         let (n, d) = (ids.len(), c.hidden_size);
         let ids_d = s.upload(&ids)?;
@@ -550,6 +583,7 @@ impl DeviceModel {
                 lists.push((kind, self.lists(kind, &spans, &positions)?));
             }
         }
+        self.prof.mark(s, &mut t, "host: inputs, key lists, embedding")?;
         let mut ws = MoeWorkspace::new(s, &self.w.blocks[0].moe, n as u32)?;
         let pools = &mut *pools;
         for (li, blk) in self.w.blocks.iter().enumerate() {
@@ -557,22 +591,27 @@ impl DeviceModel {
             let (mut post, mut comb) = (s.zeros::<f32>(n * sh.n)?, s.zeros::<f32>(n * sh.n * sh.n)?);
             let mut xa = s.zeros::<bf16>(n * d)?;
             hc_pre(s, &x, &blk.hc_attn.view(), &blk.attn_norm, &mut post, &mut comb, &mut xa, n, &sh)?;
-            let a = self.attention(blk, &xa, &pos_d, &spans, kl, &mut pools.layers[li], &mut pools.status)?;
+            self.prof.mark(s, &mut t, "mhc + norms")?;
+            let a = self.attention(blk, &xa, &pos_d, &spans, kl, &mut pools.layers[li], &mut pools.status, &mut t)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.push(s.download(&a)?.iter().map(|v| v.to_f32()).collect());
             }
             hc_post(s, &mut x, &a, &post, &comb, n, &sh)?;
             let mut xf = s.zeros::<bf16>(n * d)?;
             hc_pre(s, &x, &blk.hc_ffn.view(), &blk.ffn_norm, &mut post, &mut comb, &mut xf, n, &sh)?;
+            self.prof.mark(s, &mut t, "mhc + norms")?;
             let mut m = s.zeros::<bf16>(n * d)?;
             moe_forward(s, &blk.moe, &xf, Some(&ids_d), &mut ws, &mut m)?;
+            self.prof.mark(s, &mut t, "moe")?;
             hc_post(s, &mut x, &m, &post, &comb, n, &sh)?;
+            self.prof.mark(s, &mut t, "mhc + norms")?;
             if let Some(t) = trace.as_deref_mut() {
                 t.push(s.download(&x)?);
             }
         }
         let mut hidden = s.zeros::<bf16>(n * d)?;
         hc_head(s, &x, &self.w.hc_head.view(), &self.w.norm, &mut hidden, n, &sh)?;
+        self.prof.mark(s, &mut t, "mhc + norms")?;
         let (head_in, m) = match rows {
             LogitRows::All => (hidden, n),
             LogitRows::Last => {
@@ -589,6 +628,7 @@ impl DeviceModel {
         let mut logits = s.zeros::<f32>(m * v)?;
         router_logits(s, &head_in, &self.w.head, &mut logits, m as u32, v as u32, d as u32)?;
         let all = s.download(&logits)?;
+        self.prof.mark(s, &mut t, "head (f32 logits) + download")?;
         for ((tokens, seq), _) in batch.iter_mut().zip(&spans) {
             seq.len += tokens.len();
         }
@@ -700,6 +740,7 @@ impl DeviceModel {
         kl: &KindLists,
         kv: &mut LayerKv,
         status: &mut DeviceBuffer<i32>,
+        t: &mut std::time::Instant,
     ) -> Result<DeviceBuffer<bf16>, ModelError> {
         let c = &self.cfg;
         let s = &self.stream;
@@ -732,12 +773,14 @@ impl DeviceModel {
             .flat_map(|sp| (sp.pos0..sp.pos0 + sp.len).map(move |p| (sp.slot * self.ring + p % self.ring) as i32))
             .collect();
         scatter_rows(s, &kvr, &s.upload(&ring_rows)?, &mut kv.kv, status, n, hd)?;
+        self.prof.mark(s, t, "attn: q/kv projections, norms, rope")?;
         // Compressed rows (and indexer keys) of the windows this batch closes.
         let batch = spans.len();
         let fp8_qat = if self.official { RowQat::Fp8Blocks64 } else { RowQat::None };
         if let (Some(comp), Some(state)) = (&a.compressor, kv.comp.as_mut()) {
             self.compress_into(comp, xa, kl, &kl.out_rows, state, &mut kv.kv, status, batch, fp8_qat)?;
         }
+        self.prof.mark(s, t, "attn: compressor")?;
         let mut key_rows = None;
         if let (Some(ix), Some(state), Some(pool)) = (&a.indexer, kv.index_comp.as_mut(), kv.index.as_mut()) {
             let ic = &ix.compressor;
@@ -784,11 +827,13 @@ impl DeviceModel {
             offset_rows(s, &topk, &kl.comp_base, &kl.at, &mut rows, n, k, kl.max_keys)?;
             key_rows = Some(rows);
         }
+        self.prof.mark(s, t, "attn: indexer (compressor, q, top-k)")?;
         let key_rows = key_rows.as_ref().unwrap_or(&kl.rows);
         let mut o = s.zeros::<bf16>(n * h * hd)?;
         let shape =
             DecodeAttnShape { batch: n as u32, heads: h as u32, head_dim: hd as u32, max_keys: kl.max_keys as u32 };
         attention_decode(s, &q, &kv.kv, key_rows, &kl.counts, &a.sink, &mut o, status, shape, (hd as f32).powf(-0.5))?;
+        self.prof.mark(s, t, "attn: attention kernel")?;
         rope(s, &mut o, pos, inv, &RopeParams::new(n as u32, h as u32, hd as u32, rd as u32, true))?;
         // Grouped output LoRA: group g's columns of o through its wo_a, side by side, then wo_b.
         let (g, olr) = (c.o_groups, c.o_lora_rank);
@@ -802,6 +847,7 @@ impl DeviceModel {
         }
         let mut out = s.zeros::<bf16>(n * d)?;
         a.wo_b.run(s, &u, &mut out, n, q8)?;
+        self.prof.mark(s, t, "attn: inverse rope, grouped wo_a, wo_b")?;
         Ok(out)
     }
 
