@@ -27,8 +27,8 @@ pub enum RowQatKind {
 }
 
 /// `dst[rows[i]] = src[i]` for the first `n` rows of `width` elements of `src`; a negative row is
-/// skipped. A row at or past the end of `dst` is an error on the CPU and skipped on CUDA, where it
-/// also sets `status[0]` to 1 (reset here first).
+/// skipped. A row at or past the end of `dst` is skipped and sets `status[0]` to 1 (reset here
+/// first).
 pub fn scatter_rows(
     stream: &Stream,
     src: &DeviceBuffer<bf16>,
