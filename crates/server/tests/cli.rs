@@ -269,3 +269,16 @@ fn bench_prints_prefill_cached_and_decode_figures() {
         );
     }
 }
+
+#[test]
+fn random_model_names_bad_flags() {
+    for (args, field) in [
+        (vec!["random-model", "--out", "/tmp/deepinfer-rm-none", "--layers", "0"], "--layers"),
+        (vec!["random-model", "--out", "/tmp/deepinfer-rm-none", "--shape", "v5"], "--shape"),
+        (vec!["random-model", "--out", "/tmp/deepinfer-rm-none", "--experts", "2"], "--experts"),
+    ] {
+        let o = deepinfer(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(field), "{args:?}: {err}");
+    }
+}
