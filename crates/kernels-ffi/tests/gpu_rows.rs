@@ -29,7 +29,7 @@ fn gpu_row_ops_match_the_cpu_backend() {
             } else if i == 39 {
                 100
             } else {
-                (i * 37 % 97) as i32
+                i * 37 % 97
             }
         })
         .collect();
@@ -69,9 +69,9 @@ fn gpu_row_ops_match_the_cpu_backend() {
     };
     assert_eq!(run_copy(&c), run_copy(&g), "copy_2d");
     // offset_rows: 300 queries, k = 16, -1 selections kept, one query without room.
-    let topk: Vec<i32> = (0..300 * 16).map(|i| if i % 13 == 0 { -1 } else { (i * 7 % 500) as i32 }).collect();
+    let topk: Vec<i32> = (0..300 * 16).map(|i| if i % 13 == 0 { -1 } else { i * 7 % 500 }).collect();
     let base: Vec<i32> = (0..300).map(|t| 1000 + t * 3).collect();
-    let at: Vec<i32> = (0..300).map(|t| if t == 5 { 150 } else { (t % 128) as i32 }).collect();
+    let at: Vec<i32> = (0..300).map(|t| if t == 5 { 150 } else { t % 128 }).collect();
     let run_off = |s: &Stream| {
         let mut dst = s.upload(&vec![7i32; 300 * 160]).unwrap();
         offset_rows(
