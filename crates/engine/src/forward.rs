@@ -83,29 +83,24 @@ fn wrong_state() -> ModelError {
     ModelError::Input { field: "state", problem: "the state was made by another model".into() }
 }
 
-impl StateKind for SequenceState {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
+/// `StateKind` for a state type with a `len` field.
+macro_rules! state_kind {
+    ($($t:ty),*) => {$(
+        impl StateKind for $t {
+            fn len(&self) -> usize {
+                self.len
+            }
+            fn as_any(&self) -> &dyn Any {
+                self
+            }
+            fn as_any_mut(&mut self) -> &mut dyn Any {
+                self
+            }
+        }
+    )*};
 }
 
-impl StateKind for DeviceSeq {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
+state_kind!(SequenceState, DeviceSeq);
 
 /// The states of a batch as the model's own kind.
 fn own_states<'a, S: StateKind>(

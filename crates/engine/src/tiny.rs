@@ -369,10 +369,9 @@ pub fn quantize_tensors(tensors: Vec<RawTensor>) -> Vec<RawTensor> {
     out
 }
 
-/// Write a random model for `c` in the official checkpoint formats (FP8 attention projections and
-/// shared expert, FP4 routed experts: [`quantize_tensors`]) into `dir`; the written config.json
-/// declares them (`quantization_config`, `expert_dtype: fp4`).
-pub fn write_quantized_model(dir: &Path, c: &Value, seed: u64, shards: usize) -> std::io::Result<()> {
+/// `c` declaring the official formats (`quantization_config`, `expert_dtype: fp4`), written as
+/// `dir/config.json` (the directory made first).
+fn write_official_config(dir: &Path, c: &Value) -> std::io::Result<Value> {
     std::fs::create_dir_all(dir)?;
     let mut c = c.clone();
     c["quantization_config"] = json!({
@@ -381,6 +380,14 @@ pub fn write_quantized_model(dir: &Path, c: &Value, seed: u64, shards: usize) ->
     });
     c["expert_dtype"] = json!("fp4");
     std::fs::write(dir.join("config.json"), c.to_string())?;
+    Ok(c)
+}
+
+/// Write a random model for `c` in the official checkpoint formats (FP8 attention projections and
+/// shared expert, FP4 routed experts: [`quantize_tensors`]) into `dir`; the written config.json
+/// declares them (`quantization_config`, `expert_dtype: fp4`).
+pub fn write_quantized_model(dir: &Path, c: &Value, seed: u64, shards: usize) -> std::io::Result<()> {
+    let c = write_official_config(dir, c)?;
     let tensors = quantize_tensors(random_tensors(&c, &mut Rng(seed)));
     write_checkpoint(dir, &tensors, shards)
 }
@@ -443,14 +450,7 @@ pub fn write_random_official(
     shards: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let mut c = c.clone();
-    c["quantization_config"] = json!({
-        "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
-        "weight_block_size": [128, 128]
-    });
-    c["expert_dtype"] = json!("fp4");
-    std::fs::write(dir.join("config.json"), c.to_string())?;
+    let c = write_official_config(dir, c)?;
     let is_routed = |name: &str| name.contains(".experts.");
     let mut rng = Rng(seed);
     let mut tensors = quantize_tensors(random_tensors_except(&c, &mut rng, &is_routed));
