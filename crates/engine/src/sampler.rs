@@ -141,9 +141,65 @@ pub fn sample(
     Some(Sample { token: c.token, logprob: c.logprob, top: c.top })
 }
 
+/// One request's inputs to [`sample`].
+pub struct SampleJob<'a> {
+    pub logits: &'a [f32],
+    pub history: &'a [u32],
+    pub params: &'a SamplingParams,
+    pub position: u64,
+    pub allowed: Option<&'a [bool]>,
+}
+
+/// [`sample`] for every job, spread over the host's cores (a request's result depends only on its
+/// own job, so the split cannot change a token): at batch 64 and a 129k vocabulary one thread
+/// spent ~0.5 ms a request, most of a decode step.
+pub fn sample_batch(jobs: &[SampleJob<'_>]) -> Vec<Option<Sample>> {
+    let one = |j: &SampleJob<'_>| sample(j.logits, j.history, j.params, j.position, j.allowed);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
+    if threads <= 1 {
+        return jobs.iter().map(one).collect();
+    }
+    let per = jobs.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = jobs.chunks(per).map(|c| s.spawn(move || c.iter().map(one).collect::<Vec<_>>())).collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_samples_each_request_as_alone() {
+        let v = 1000;
+        let logits: Vec<Vec<f32>> =
+            (0..37).map(|r| (0..v).map(|i| ((i * 7919 + r * 104729) % 1009) as f32 / 97.0).collect()).collect();
+        let params: Vec<SamplingParams> = (0..37)
+            .map(|r| SamplingParams {
+                temperature: (r % 3) as f32 * 0.6,
+                top_p: 0.9,
+                seed: Some(r as u64),
+                top_logprobs: r % 4,
+                ..Default::default()
+            })
+            .collect();
+        let hist = [3u32, 5, 5];
+        let jobs: Vec<SampleJob<'_>> = (0..37)
+            .map(|r| SampleJob {
+                logits: &logits[r],
+                history: &hist,
+                params: &params[r],
+                position: r as u64 * 11,
+                allowed: None,
+            })
+            .collect();
+        let got = sample_batch(&jobs);
+        assert_eq!(got.len(), 37);
+        for (j, g) in jobs.iter().zip(&got) {
+            assert_eq!(g, &sample(j.logits, j.history, j.params, j.position, j.allowed));
+        }
+    }
 
     #[test]
     fn greedy_takes_the_argmax_and_ties_go_low() {

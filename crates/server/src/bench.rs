@@ -162,17 +162,28 @@ pub fn run(a: Args) -> Result<ExitCode> {
                            "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
                            "token_layers_per_s": tps * layers as f64,
                            "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3}));
-        // The decode run's share of the step breakdown (DEEPINFER_PROFILE=1; its prefill included).
+        // The decode steps' share of the step breakdown (DEEPINFER_PROFILE=1), per step; what the
+        // inter-token latency has beyond their sum is spent outside the forward (sampling, the
+        // scheduler, streaming).
         let p1 = main.model().profile();
+        let delta = |k: &str, sec: f64, n: u64| {
+            let (s0, n0) = p0.iter().find(|x| x.0 == k).map_or((0.0, 0), |x| (x.1, x.2));
+            (sec - s0, n - n0)
+        };
+        let steps =
+            p1.iter().find(|x| x.0.starts_with("decode: host")).map_or(0, |(k, sec, n)| delta(k, *sec, *n).1).max(1);
         let secs: Vec<Value> = p1
             .iter()
+            .filter(|x| x.0.starts_with("decode: "))
             .map(|(k, sec, n)| {
-                let (s0, n0) = p0.iter().find(|x| &x.0 == k).map_or((0.0, 0), |x| (x.1, x.2));
-                json!({"section": k, "seconds": sec - s0, "times": n - n0})
+                let (ds, dn) = delta(k, *sec, *n);
+                json!({"section": &k["decode: ".len()..], "ms_per_step": ds * 1e3 / steps as f64, "times_per_step": dn as f64 / steps as f64})
             })
             .collect();
         if !secs.is_empty() {
-            profiles.push(json!({"batch": b, "sections": secs}));
+            let forward: f64 = secs.iter().map(|x| x["ms_per_step"].as_f64().unwrap_or(0.0)).sum();
+            profiles.push(json!({"batch": b, "decode_steps": steps, "forward_ms_per_step": forward,
+                                 "itl_p50_ms": gaps.p50 * 1e3, "sections": secs}));
         }
         step += 1;
         bar.set(step, &format!("decode batch {b}"));
@@ -186,7 +197,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "prefill": prefill,
         "prefill_cached": cached,
         "decode": decode,
-        // DEEPINFER_PROFILE=1: wall seconds per forward section of each decode run, each closed by a sync.
+        // DEEPINFER_PROFILE=1: ms per decode step in each forward section, each closed by a sync.
         "decode_profile": profiles,
     });
     let text = serde_json::to_string_pretty(&report)?;

@@ -58,11 +58,17 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Wall time per section of the forward, each section ended by a stream synchronisation (so it
 /// includes its launch gaps and host work): the step breakdown `deepinfer bench` reports with
 /// `DEEPINFER_PROFILE=1`. Off by default (the synchronisations cost throughput).
+/// (a pure decode step?, section name)
+type SectionKey = (bool, &'static str);
+
 #[derive(Default)]
 struct Profile {
     on: bool,
-    /// section -> (seconds, times entered)
-    sections: Mutex<std::collections::BTreeMap<&'static str, (f64, u64)>>,
+    /// Whether the forward under way is a pure decode step (one new token a sequence): its
+    /// sections are kept apart from those of forwards that prefill.
+    decode: std::sync::atomic::AtomicBool,
+    /// (decode step?, section) -> (seconds, times entered)
+    sections: Mutex<std::collections::BTreeMap<SectionKey, (f64, u64)>>,
 }
 
 impl Profile {
@@ -71,7 +77,7 @@ impl Profile {
         if self.on {
             s.synchronize()?;
             let mut m = self.sections.lock();
-            let e = m.entry(name).or_default();
+            let e = m.entry((self.decode.load(std::sync::atomic::Ordering::Relaxed), name)).or_default();
             e.0 += last.elapsed().as_secs_f64();
             e.1 += 1;
             *last = std::time::Instant::now();
@@ -359,9 +365,11 @@ impl DeviceModel {
         &self.cfg
     }
 
-    /// The step breakdown so far (section, seconds, times), empty unless `DEEPINFER_PROFILE=1`.
+    /// The step breakdown so far (section, seconds, times), empty unless `DEEPINFER_PROFILE=1`;
+    /// sections are named `decode: ...` for pure decode steps and `prefill: ...` for the others.
     pub fn profile(&self) -> Vec<(String, f64, u64)> {
-        self.prof.sections.lock().iter().map(|(k, v)| (k.to_string(), v.0, v.1)).collect()
+        let phase = |decode: bool| if decode { "decode" } else { "prefill" };
+        self.prof.sections.lock().iter().map(|((d, k), v)| (format!("{}: {k}", phase(*d)), v.0, v.1)).collect()
     }
 
     /// Bytes of the weights on the device.
@@ -569,12 +577,13 @@ impl DeviceModel {
             ids.extend(tokens.iter().map(|t| *t as i32));
         }
         let s = &self.stream;
+        let mut pools = self.pools.lock();
+        self.prof.decode.store(spans.iter().all(|sp| sp.len == 1), std::sync::atomic::Ordering::Relaxed);
         let mut t = std::time::Instant::now();
         let sh = self.shape();
         let (n, d) = (ids.len(), c.hidden_size);
         let ids_d = s.upload(&ids)?;
         let pos_d = s.upload(&positions)?;
-        let mut pools = self.pools.lock();
         let mut x = s.zeros::<f32>(n * c.hc_mult * d)?;
         embed_streams(s, &ids_d, &self.w.embed, &mut x, &mut pools.status, n, &sh)?;
         let mut lists: Vec<(AttentionKind, KindLists)> = Vec::new();

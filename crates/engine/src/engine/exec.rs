@@ -11,7 +11,7 @@ use deepinfer_scheduler::{Outcome, StepPlan};
 
 use super::{Engine, EngineStats, Event, FinishReason, GenerateOutput, GenerateRequest, Restore};
 use crate::forward::SeqState;
-use crate::sampler::{sample, SamplingParams};
+use crate::sampler::{sample_batch, SampleJob, SamplingParams};
 
 pub(super) enum ExecMsg {
     Admit(Box<Admission>),
@@ -283,7 +283,36 @@ impl<'a> Executor<'a> {
                 return done;
             }
         };
-        for (w, o) in work.into_iter().zip(outs) {
+        // Every sampling item's token, chosen in parallel (the grammar and stop handling below stay
+        // in batch order).
+        let mut picked = {
+            let jobs: Vec<(usize, SampleJob<'_>)> = work
+                .iter()
+                .zip(&outs)
+                .enumerate()
+                .filter(|(_, (w, _))| w.samples)
+                .filter_map(|(i, (w, o))| {
+                    let l = self.live.get(&w.id)?;
+                    let allowed = match masks.get(&w.id) {
+                        Some(Ok(m)) => Some(m.as_slice()),
+                        Some(Err(_)) => return None,
+                        None => None,
+                    };
+                    let history = &l.tokens[l.req.prompt.len()..];
+                    Some((
+                        i,
+                        SampleJob { logits: o, history, params: &l.params, position: l.tokens.len() as u64, allowed },
+                    ))
+                })
+                .collect();
+            let (at, jobs): (Vec<usize>, Vec<SampleJob<'_>>) = jobs.into_iter().unzip();
+            let mut picked: Vec<Option<Option<crate::sampler::Sample>>> = vec![None; work.len()];
+            for (i, s) in at.into_iter().zip(sample_batch(&jobs)) {
+                picked[i] = Some(s);
+            }
+            picked
+        };
+        for (i, (w, _)) in work.into_iter().zip(outs).enumerate() {
             let Some(mut l) = self.live.remove(&w.id) else { continue };
             if let Some(kv) = &self.eng.kv {
                 let full = w.state.len() / kv.block_tokens * kv.block_tokens;
@@ -295,18 +324,12 @@ impl<'a> Executor<'a> {
                 self.live.insert(w.id, l);
                 continue;
             }
-            let mask = match masks.remove(&w.id) {
-                Some(Ok(m)) => Some(m),
-                Some(Err(e)) => {
-                    done.failed.push(w.id);
-                    self.finish(l, FinishReason::Error, Some(format!("`constraint`: {e}")));
-                    continue;
-                }
-                None => None,
-            };
-            let generated = &l.tokens[l.req.prompt.len()..];
-            let pos = l.tokens.len() as u64;
-            let Some(s) = sample(&o, generated, &l.params, pos, mask.as_deref()) else {
+            if let Some(Err(e)) = masks.remove(&w.id) {
+                done.failed.push(w.id);
+                self.finish(l, FinishReason::Error, Some(format!("`constraint`: {e}")));
+                continue;
+            }
+            let Some(s) = picked[i].take().flatten() else {
                 done.failed.push(w.id);
                 self.finish(l, FinishReason::Error, Some("`constraint`: no token can continue the output".into()));
                 continue;
