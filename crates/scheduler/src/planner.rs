@@ -385,13 +385,17 @@ impl Scheduler {
     }
 
     /// Preempt the lowest-priority, latest-arrived running request ranked below `keep` (and not
-    /// in a step in flight, whose KV the device is using). Returns it.
-    fn preempt_one(&mut self, keep: RequestId, now: f64) -> Option<RequestId> {
+    /// in a step in flight, whose KV the device is using, nor in `planned`, the step being planned:
+    /// the executor drops a preempted request's state before it runs the step's items). Returns it.
+    fn preempt_one(&mut self, keep: RequestId, now: f64, planned: &[Scheduled]) -> Option<RequestId> {
         let mut order: Vec<RequestId> = self.running.clone();
         self.sort_by_priority(&mut order, now);
         let rank = order.iter().position(|x| *x == keep).unwrap_or(order.len());
-        let victim =
-            order[rank.min(order.len())..].iter().copied().rev().find(|id| *id != keep && !self.in_plans(*id))?;
+        let victim = order[rank.min(order.len())..]
+            .iter()
+            .copied()
+            .rev()
+            .find(|id| *id != keep && !self.in_plans(*id) && !planned.iter().any(|i| i.id == *id))?;
         self.set_running(victim, false);
         let mode = self.cfg.preemption;
         let e = self.entries.get_mut(&victim)?;
@@ -409,6 +413,7 @@ impl Scheduler {
 
     /// Tokens of a chunk of up to `want` that `id` can get blocks for (preempting lower-ranked
     /// requests when `may_preempt`), reserving them.
+    #[allow(clippy::too_many_arguments)] // the planner state it reads is all in self; the rest is this call's
     fn reserve_chunk(
         &mut self,
         id: RequestId,
@@ -416,6 +421,7 @@ impl Scheduler {
         want: usize,
         may_preempt: bool,
         now: f64,
+        planned: &[Scheduled],
         preempted: &mut Vec<RequestId>,
     ) -> usize {
         let mut n = want;
@@ -424,7 +430,7 @@ impl Scheduler {
                 return n;
             }
             if may_preempt {
-                if let Some(v) = self.preempt_one(id, now) {
+                if let Some(v) = self.preempt_one(id, now, planned) {
                     preempted.push(v);
                     continue;
                 }
@@ -472,7 +478,7 @@ impl Scheduler {
             }
             let computed = self.entries[&id].req.computed;
             while !self.reserve(id, computed + 1 + spec) {
-                match self.preempt_one(id, now) {
+                match self.preempt_one(id, now, &items) {
                     Some(v) => preempted.push(v),
                     None => break,
                 }
@@ -500,7 +506,7 @@ impl Scheduler {
             if new && self.running.len() >= self.cfg.max_running {
                 break;
             }
-            if !new && !self.is_running(id) {
+            if !new && !self.is_running(id) || new && preempted.contains(&id) {
                 continue; // preempted earlier in this step by a higher-ranked request
             }
             // Readmission starts from a prefix hit or swapped-out KV.
@@ -533,7 +539,7 @@ impl Scheduler {
                 n = self.cost.chunk_for_budget_load(step_load, computed, n, t);
             }
             // Running prefills may preempt lower-ranked requests; admissions only take free blocks.
-            let n = self.reserve_chunk(id, computed, n, !new, now, &mut preempted);
+            let n = self.reserve_chunk(id, computed, n, !new, now, &items, &mut preempted);
             if new {
                 if n == 0 && pending > 1 {
                     self.release_to(id, 0);

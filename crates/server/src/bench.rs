@@ -153,13 +153,30 @@ pub fn run(a: Args) -> Result<ExitCode> {
             })
             .collect();
         let (times, _) = timed(&main, reqs)?;
+        // The window in which all b requests decode: from the last one's first token (before it,
+        // steps carry prefill chunks of the later requests) to the first one's last token (after
+        // it, the batch is smaller).
         let start = times.values().map(|t| t[0]).fold(0.0, f64::max);
-        let end = times.values().map(|t| *t.last().unwrap()).fold(0.0, f64::max);
-        let after: usize = times.values().map(|t| t.iter().filter(|x| **x > start).count()).sum();
-        let gaps = Percentiles::of(times.values().flat_map(|t| t.windows(2).map(|w| w[1] - w[0])).collect());
+        let end = times.values().map(|t| *t.last().unwrap()).fold(f64::INFINITY, f64::min);
+        let inside = |x: f64| x > start && x <= end;
+        let after: usize = times.values().map(|t| t.iter().filter(|x| inside(**x)).count()).sum();
+        let window_steps = after / b.max(1);
+        if window_steps < 2 {
+            bail!(
+                "--decode-tokens {}: at batch {b} the first requests finished while the last were still prefilling \
+                 ({window_steps} steps with all {b} decoding); raise --decode-tokens",
+                a.decode_tokens
+            );
+        }
+        let gaps = Percentiles::of(
+            times
+                .values()
+                .flat_map(|t| t.windows(2).filter(|w| w[0] >= start && inside(w[1])).map(|w| w[1] - w[0]))
+                .collect(),
+        );
         let tps = after as f64 / (end - start).max(1e-9);
         decode.push(json!({"batch": b, "context": a.decode_context, "tokens_per_request": a.decode_tokens,
-                           "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
+                           "window_steps": window_steps, "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
                            "token_layers_per_s": tps * layers as f64,
                            "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3}));
         // The decode steps' share of the step breakdown (DEEPINFER_PROFILE=1), per step; what the
