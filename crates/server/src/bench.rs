@@ -137,6 +137,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
 
     let mut decode = Vec::new();
+    let mut failures = 0;
     let mut profiles = Vec::new();
     for &b in &a.decode_batch {
         let p0 = main.model().profile();
@@ -152,33 +153,49 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 r
             })
             .collect();
-        let (times, _) = timed(&main, reqs)?;
-        // The window in which all b requests decode: from the last one's first token (before it,
-        // steps carry prefill chunks of the later requests) to the first one's last token (after
-        // it, the batch is smaller).
-        let start = times.values().map(|t| t[0]).fold(0.0, f64::max);
-        let end = times.values().map(|t| *t.last().unwrap()).fold(f64::INFINITY, f64::min);
-        let inside = |x: f64| x > start && x <= end;
-        let after: usize = times.values().map(|t| t.iter().filter(|x| inside(**x)).count()).sum();
-        let window_steps = after / b.max(1);
-        if window_steps < 2 {
-            bail!(
-                "--decode-tokens {}: at batch {b} the first requests finished while the last were still prefilling \
-                 ({window_steps} steps with all {b} decoding); raise --decode-tokens",
-                a.decode_tokens
+        let measured = timed(&main, reqs).and_then(|(times, _)| {
+            // The window in which all b requests decode: from the last one's first token (before it,
+            // steps carry prefill chunks of the later requests) to the first one's last token (after
+            // it, the batch is smaller).
+            let start = times.values().map(|t| t[0]).fold(0.0, f64::max);
+            let end = times.values().map(|t| *t.last().unwrap()).fold(f64::INFINITY, f64::min);
+            let inside = |x: f64| x > start && x <= end;
+            let after: usize = times.values().map(|t| t.iter().filter(|x| inside(**x)).count()).sum();
+            let window_steps = after / b.max(1);
+            if window_steps < 2 {
+                return Err(anyhow::anyhow!(
+                    "--decode-tokens {}: at batch {b} the first requests finished while the last were still \
+                     prefilling ({window_steps} steps with all {b} decoding); raise --decode-tokens",
+                    a.decode_tokens
+                ));
+            }
+            let gaps = Percentiles::of(
+                times
+                    .values()
+                    .flat_map(|t| t.windows(2).filter(|w| w[0] >= start && inside(w[1])).map(|w| w[1] - w[0]))
+                    .collect(),
             );
-        }
-        let gaps = Percentiles::of(
-            times
-                .values()
-                .flat_map(|t| t.windows(2).filter(|w| w[0] >= start && inside(w[1])).map(|w| w[1] - w[0]))
-                .collect(),
-        );
-        let tps = after as f64 / (end - start).max(1e-9);
-        decode.push(json!({"batch": b, "context": a.decode_context, "tokens_per_request": a.decode_tokens,
+            let tps = after as f64 / (end - start).max(1e-9);
+            let row = json!({"batch": b, "context": a.decode_context, "tokens_per_request": a.decode_tokens,
                            "window_steps": window_steps, "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
                            "token_layers_per_s": tps * layers as f64,
-                           "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3}));
+                           "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3});
+            Ok((row, gaps.p50))
+        });
+        let itl_p50 = match measured {
+            Ok((row, p50)) => {
+                decode.push(row);
+                p50
+            }
+            Err(e) => {
+                // Kept in the report, and the run goes on: the other batches' figures still count.
+                eprintln!("bench: decode batch {b}: {e:#}");
+                failures += 1;
+                decode.push(json!({"batch": b, "context": a.decode_context, "error": format!("{e:#}")}));
+                f64::NAN
+            }
+        };
+
         // The decode steps' share of the step breakdown (DEEPINFER_PROFILE=1), per step; what the
         // inter-token latency has beyond their sum is spent outside the forward (sampling, the
         // scheduler, streaming).
@@ -200,7 +217,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if !secs.is_empty() {
             let forward: f64 = secs.iter().map(|x| x["ms_per_step"].as_f64().unwrap_or(0.0)).sum();
             profiles.push(json!({"batch": b, "decode_steps": steps, "forward_ms_per_step": forward,
-                                 "itl_p50_ms": gaps.p50 * 1e3, "sections": secs}));
+                                 "itl_p50_ms": itl_p50 * 1e3, "sections": secs}));
         }
         step += 1;
         bar.set(step, &format!("decode batch {b}"));
@@ -224,5 +241,5 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .and_then(|mut f| f.write_all(text.as_bytes()))
             .with_context(|| format!("writing {}", p.display()))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if failures > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

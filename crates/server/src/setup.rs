@@ -198,7 +198,7 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
         p if p.is_file() => DeepseekTokenizer::from_file(&p)?,
         _ => DeepseekTokenizer::builtin()?,
     };
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         token_budget: a.token_budget,
         max_running: a.max_running,
         max_context,
@@ -210,6 +210,11 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
         ..Default::default()
     }
     .with_env(model.config().sliding_window)?;
+    if gpu.is_some() {
+        // The device cache holds every slot's whole context: the scheduler may fill it (its
+        // default of 4096 blocks preempted 256 sequences of 4.6k tokens that the GPU had room for).
+        cfg.kv_blocks = a.max_running * max_context.div_ceil(model.block_tokens_at_least(cfg.block_tokens));
+    }
     let engine = Engine::with_model(model, cfg)?.with_tokenizer(tok.clone())?;
     eprintln!("loaded {} in {:.2}s{}", dir.display(), t0.elapsed().as_secs_f64(), builtin.note());
     Ok(Loaded { engine, tok, builtin, dir })

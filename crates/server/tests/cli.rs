@@ -272,6 +272,31 @@ fn bench_prints_prefill_cached_and_decode_figures() {
 }
 
 #[test]
+fn bench_keeps_the_other_figures_when_a_decode_batch_cannot_be_measured() {
+    // One token a request: no step has the whole batch decoding, so batch 2 cannot be measured.
+    let out = deepinfer(&[
+        "bench",
+        "--prefill",
+        "32",
+        "--decode-batch",
+        "2",
+        "--decode-context",
+        "16",
+        "--decode-tokens",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--decode-tokens"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prefill"].as_array().unwrap().len(), 1, "the prefill figure is kept");
+    assert!(v["decode"][0]["error"].as_str().unwrap().contains("--decode-tokens"), "{}", v["decode"]);
+}
+
+#[test]
 fn random_model_names_bad_flags() {
     for (args, field) in [
         (vec!["random-model", "--out", "/tmp/deepinfer-rm-none", "--layers", "0"], "--layers"),
