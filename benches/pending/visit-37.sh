@@ -41,6 +41,9 @@
 # request. Predictions: batch 64 at 512 context ~9-10k tok/s (a ~3.5 ms forward plus ~2-3 ms of
 # parallel sampling); batch 256 at 4k ~12-15k tok/s; batch 1 unchanged at ~230 tok/s; the profile's
 # ITL within 1.5x of its forward sum at batch 64.
+# Next visit (written 2026-12-07 after the third): rerun "ours" with the scheduler fix and the
+# device-cache block count; predictions: batch 64 at 4k context ~2.5k tok/s (the host side of the
+# step dominates as at 512), batch 256 ~3-4k tok/s; batch 1 and 64 at 512 as in visit 3.
 set -u
 out=${1:?}
 parts=${2:-tests ours peer}
@@ -70,8 +73,10 @@ for p in $parts; do
         --prefill 512,2048 --suffix 64 --decode-batch 1,8,64 --decode-context 512 --decode-tokens 160 \
         --out "$out/bench-ours.json" > "$out/logs/bench-ours.log" 2>&1; echo "bench rc=$?"
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print(d) for d in r['decode']+r['prefill']]" "$out/bench-ours.json"
-      timeout 400 "$bin" bench --device cuda --model $model --max-running 256 --max-context 33024 \
-        --prefill 8192,32768 --suffix 64 --decode-batch 64,256 --decode-context 4096 --decode-tokens 1536 \
+      # 256 x 4k prompts prefill in 8k-token steps (the default 512 would take 2048 steps, and the
+      # first requests would finish before the last began decoding).
+      timeout 400 "$bin" bench --device cuda --model $model --max-running 256 --max-context 36864 --token-budget 8192 \
+        --prefill 8192,32768 --suffix 64 --decode-batch 64,256 --decode-context 4096 --decode-tokens 512 \
         --out "$out/bench-long.json" > "$out/logs/bench-long.log" 2>&1; echo "bench-long rc=$?"
       python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print(d) for d in r['decode']+r['prefill']]" "$out/bench-long.json"
       # The step breakdown: every forward section closed by a sync (slower; its own run).
