@@ -115,11 +115,11 @@ fn the_stream_carries_every_token_and_cancel_stops_one_request() {
     let sampling = SamplingParams { temperature: 0.8, seed: Some(5), ..Default::default() };
     let short: Vec<_> =
         (0..3).map(|i| h.submit(GenerateRequest::new(i, tokens(20 + i as usize, 4), 6, sampling.clone()))).collect();
-    let long = h.submit(GenerateRequest::new(9, tokens(30, 5), 5000, sampling.clone()));
+    let long = h.submit(GenerateRequest::new(9, tokens(300, 5), 5000, sampling.clone()));
     // Cancel the long one after its first token.
     match long.recv().unwrap() {
         Event::Admitted { id, prompt_tokens, cached_tokens } => {
-            assert_eq!((id, prompt_tokens, cached_tokens), (9, 30, 0))
+            assert_eq!((id, prompt_tokens, cached_tokens), (9, 300, 0))
         }
         e => panic!("the stream starts with Admitted: {e:?}"),
     }
@@ -151,6 +151,11 @@ fn the_stream_carries_every_token_and_cancel_stops_one_request() {
     }
     let stats = h.shutdown();
     assert!(stats.overlapped_steps > 0, "steps were planned while the previous one ran");
+    // Nothing runs: every block still in use is one the prefix cache keeps, the cancelled
+    // request's included (its published prompt blocks), and no running state leaked.
+    let u = e.kv_usage();
+    assert!(u.cached > 0, "{u:?}");
+    assert_eq!(u.used, u.cached, "blocks held by no request and no cache entry: {u:?}");
 }
 
 #[test]

@@ -73,6 +73,11 @@ impl PrefixCache {
         self.entries.is_empty()
     }
 
+    /// Entries that hold a pool block (the rest are known hashes whose block lives in a lower tier).
+    pub fn resident_blocks(&self) -> usize {
+        self.entries.values().filter(|e| e.block.is_some()).count()
+    }
+
     pub fn stats(&self) -> CacheStats {
         self.stats
     }

@@ -89,12 +89,16 @@ fn malformed_bodies_get_400_in_each_protocols_error_shape() {
 fn a_client_that_disconnects_mid_stream_is_cancelled_and_sigterm_drains() {
     let srv = Server::start(&["--default-thinking", "off"]);
     let a = srv.addr();
-    let body = "{\"model\":\"deepinfer-tiny-v4\",\"stream\":true,\"max_tokens\":4000,\"temperature\":1.0,\
-                \"messages\":[{\"role\":\"user\",\"content\":\"Tell me everything.\"}]}";
+    // A prompt of several KV blocks, so the cancelled requests publish some; `ignore_eos`, so
+    // none can finish by itself before its client leaves.
+    let prompt = "Tell me everything. ".repeat(80);
+    let body = format!(
+        "{{\"model\":\"deepinfer-tiny-v4\",\"stream\":true,\"max_tokens\":4000,\"ignore_eos\":true,\
+         \"prompt\":\"{prompt}\"}}"
+    );
     for _ in 0..3 {
         let mut s = TcpStream::connect(&a).unwrap();
-        let req =
-            format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        let req = format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         s.write_all(req.as_bytes()).unwrap();
         let mut first = [0u8; 512];
         let n = s.read(&mut first).unwrap();
@@ -110,8 +114,14 @@ fn a_client_that_disconnects_mid_stream_is_cancelled_and_sigterm_drains() {
             .find(|l| l.starts_with("vllm:request_success_total") && l.contains("finished_reason=\"abort\""))
             .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .unwrap_or(0);
-        let running = m.lines().find(|l| l.starts_with("vllm:num_requests_running")).unwrap_or("").to_string();
-        if cancelled == 3 && running.ends_with(" 0") {
+        let gauge = |name: &str| {
+            m.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        if cancelled == 3 && gauge("vllm:num_requests_running") == Some(0.0) {
+            // KV back at its baseline: what is in use is what the prefix cache keeps.
+            let used = gauge("deepinfer:kv_cache_used_blocks").unwrap();
+            assert!(used > 0.0, "the prompts' blocks were published: {m}");
+            assert_eq!(Some(used), gauge("deepinfer:kv_cache_cached_blocks"), "{m}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "not cancelled: {m}");

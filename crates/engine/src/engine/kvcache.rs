@@ -59,6 +59,15 @@ pub struct KvStats {
     pub publish_skipped: u64,
 }
 
+/// The block pool's occupancy. `used - cached` are blocks only running requests hold: with
+/// nothing running it is 0, whatever requests finished, failed or were cancelled before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct KvUsage {
+    pub used: usize,
+    pub cached: usize,
+    pub capacity: usize,
+}
+
 pub struct KvCache {
     pub block_tokens: usize,
     layout: KvLayout,
@@ -110,9 +119,11 @@ impl KvCache {
         *self.stats.lock()
     }
 
-    /// Blocks of the pool in use (published or held by running requests) and its capacity.
-    pub fn usage(&self) -> (usize, usize) {
-        (self.pool.used_blocks(), self.pool.capacity())
+    /// Blocks of the pool in use, those the prefix cache holds, and the pool's capacity.
+    pub fn usage(&self) -> KvUsage {
+        // The cache's lock first: a block the cache holds is then counted in both or neither.
+        let cache = self.cache.lock();
+        KvUsage { used: self.pool.used_blocks(), cached: cache.resident_blocks(), capacity: self.pool.capacity() }
     }
 
     fn keys(&self, salt: Option<&str>) -> ExtraKeys {

@@ -34,7 +34,7 @@ use crate::forward::ForwardModel;
 use crate::model::Model;
 use crate::sampler::SamplingParams;
 use exec::{Admission, ExecMsg, Executor, StepDone};
-pub use kvcache::{KvCache, KvDirConfig, KvStats, ReplayMode, Restore};
+pub use kvcache::{KvCache, KvDirConfig, KvStats, KvUsage, ReplayMode, Restore};
 pub use text::{TextState, TextStep};
 
 /// One generation request (token ids in, token ids and text out).
@@ -307,8 +307,8 @@ impl Engine {
         self.kv.as_ref().map(|k| k.stats()).unwrap_or_default()
     }
 
-    /// The prefix-cache pool's blocks in use and its capacity ((0, 0) without a prefix cache).
-    pub fn kv_usage(&self) -> (usize, usize) {
+    /// The prefix-cache pool's occupancy (all 0 without a prefix cache).
+    pub fn kv_usage(&self) -> KvUsage {
         self.kv.as_ref().map(|k| k.usage()).unwrap_or_default()
     }
 

@@ -65,6 +65,8 @@ pub struct Gauges {
     pub running: usize,
     pub waiting: usize,
     pub kv_usage: f64,
+    pub kv_used_blocks: usize,
+    pub kv_cached_blocks: usize,
     pub prefix_queries: u64,
     pub prefix_hits: u64,
 }
@@ -97,6 +99,13 @@ impl Metrics {
         gauge(&mut o, "vllm:num_requests_running", "Requests running in the engine.", g.running as f64);
         gauge(&mut o, "vllm:num_requests_waiting", "Requests accepted and not yet running.", g.waiting as f64);
         gauge(&mut o, "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", g.kv_usage);
+        gauge(&mut o, "deepinfer:kv_cache_used_blocks", "KV blocks in use.", g.kv_used_blocks as f64);
+        gauge(
+            &mut o,
+            "deepinfer:kv_cache_cached_blocks",
+            "KV blocks the prefix cache holds (in use with nothing running).",
+            g.kv_cached_blocks as f64,
+        );
         counter(&mut o, "vllm:prefix_cache_queries_total", "Prefix-cache lookups.", g.prefix_queries);
         counter(&mut o, "vllm:prefix_cache_hits_total", "Prefix-cache lookups that hit.", g.prefix_hits);
         counter(
@@ -146,7 +155,15 @@ mod tests {
         for v in [0.0005, 0.003, 0.003, 100.0] {
             m.ttft.observe(v);
         }
-        let g = Gauges { running: 2, waiting: 1, kv_usage: 0.25, prefix_queries: 4, prefix_hits: 3 };
+        let g = Gauges {
+            running: 2,
+            waiting: 1,
+            kv_usage: 0.25,
+            kv_used_blocks: 5,
+            kv_cached_blocks: 4,
+            prefix_queries: 4,
+            prefix_hits: 3,
+        };
         let t = m.render("tiny", &g);
         assert!(t.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.001\"} 1"), "{t}");
         assert!(t.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.005\"} 3"));
@@ -154,5 +171,6 @@ mod tests {
         assert!(t.contains("vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 4"));
         assert!(t.contains("vllm:num_requests_running{model_name=\"tiny\"} 2"));
         assert!(t.contains("vllm:prefix_cache_hits_total{model_name=\"tiny\"} 3"));
+        assert!(t.contains("deepinfer:kv_cache_cached_blocks{model_name=\"tiny\"} 4"));
     }
 }

@@ -150,11 +150,13 @@ impl AppState {
 
     pub fn gauges(&self) -> Gauges {
         let kv = self.engine.kv_stats();
-        let (used, cap) = self.engine.kv_usage();
+        let u = self.engine.kv_usage();
         Gauges {
             running: self.running.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
-            kv_usage: if cap == 0 { 0.0 } else { used as f64 / cap as f64 },
+            kv_usage: if u.capacity == 0 { 0.0 } else { u.used as f64 / u.capacity as f64 },
+            kv_used_blocks: u.used,
+            kv_cached_blocks: u.cached,
             prefix_queries: kv.lookups,
             prefix_hits: kv.hits,
         }
