@@ -142,3 +142,74 @@ fn a_client_that_disconnects_mid_stream_is_cancelled_and_sigterm_drains() {
     assert_eq!(code, 200, "{text}");
     assert!(status.success(), "exit status {status:?}");
 }
+
+fn trace(name: &str) -> String {
+    format!("{}/tests/fixtures/traces/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `deepinfer bench-serve` against the real server; its JSON report.
+fn bench_serve(srv: &Server, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deepinfer"))
+        .args(["bench-serve", "--url", &srv.url()])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), srv.log());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_serve_replays_both_trace_formats_and_accounts_for_every_request() {
+    let srv = Server::start(&["--default-thinking", "off", "--max-queued", "2", "--max-running", "2"]);
+    // Mooncake (512-token prefix blocks scaled to 64), two in flight, then again one at a time.
+    let mooncake = trace("mooncake_conversation_64.jsonl");
+    let r = bench_serve(
+        &srv,
+        &[
+            "--trace",
+            &mooncake,
+            "--num-requests",
+            "6",
+            "--token-scale",
+            "0.125",
+            "--max-output-len",
+            "4",
+            "--max-concurrency",
+            "2",
+        ],
+    );
+    let r2 = bench_serve(
+        &srv,
+        &[
+            "--trace",
+            &mooncake,
+            "--num-requests",
+            "6",
+            "--token-scale",
+            "0.125",
+            "--max-output-len",
+            "4",
+            "--max-concurrency",
+            "1",
+        ],
+    );
+    for r in [&r, &r2] {
+        assert_eq!(r["completed"], 6, "{r}");
+        assert_eq!((r["lost"].as_u64(), r["failed"].as_u64()), (Some(0), Some(0)), "{r}");
+        assert_eq!(r["token_count_mismatches"], 0, "{r}");
+        assert!(r["ttft_ms"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // The second pass sends the first's prompts again: its hits cover at least the shared blocks.
+    assert!(r2["prefix_hit_rate"].as_f64().unwrap() > 0.5, "{r2}");
+    // Azure, 12 at once against --max-queued 2: every request either completes or gets 429.
+    let azure = trace("azure_conv_64.csv");
+    let r = bench_serve(
+        &srv,
+        &["--trace", &azure, "--num-requests", "12", "--token-scale", "0.25", "--max-output-len", "3"],
+    );
+    let (done, refused) = (r["completed"].as_u64().unwrap(), r["rejected_429"].as_u64().unwrap());
+    assert_eq!(done + refused, 12, "{r}");
+    assert!(done >= 2 && refused >= 1, "{r}");
+    assert_eq!((r["lost"].as_u64(), r["failed"].as_u64(), r["duplicate_ids"].as_u64()), (Some(0), Some(0), Some(0)));
+    assert_eq!(r["running_after"], 0.0, "{r}");
+}

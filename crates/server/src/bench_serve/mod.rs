@@ -315,10 +315,13 @@ fn report(a: &Args, plan: &[Planned], outs: &[Outcome], lost: usize) -> Value {
             (first - o.start) * 1e3 <= a.slo_ttft_ms && o.tpot().unwrap_or(0.0) * 1e3 <= a.slo_tpot_ms
         })
         .count();
-    // Steady decode, as in-process `bench` measures it: chunks after the last first chunk.
+    // Steady decode, as in-process `bench` measures it: the window from the last request's first
+    // chunk to the first request's end, where every request decodes (0 when there is none).
     let last_first = ok.iter().filter_map(|(_, o)| o.chunks.first().copied()).fold(0.0, f64::max);
-    let last_end = ok.iter().map(|(_, o)| o.end).fold(0.0, f64::max);
-    let after: usize = ok.iter().map(|(_, o)| o.chunks.iter().filter(|t| **t > last_first).count()).sum();
+    let first_end = ok.iter().map(|(_, o)| o.end).fold(f64::INFINITY, f64::min);
+    let in_window: usize =
+        ok.iter().map(|(_, o)| o.chunks.iter().filter(|t| **t > last_first && **t <= first_end).count()).sum();
+    let steady = if first_end > last_first { in_window as f64 / (first_end - last_first) } else { 0.0 };
     let errors: Vec<&String> = outs.iter().filter_map(|o| o.error.as_ref()).take(5).collect();
     json!({
         "requests": plan.len(),
@@ -339,7 +342,7 @@ fn report(a: &Args, plan: &[Planned], outs: &[Outcome], lost: usize) -> Value {
         "prefix_hit_rate": if in_tokens > 0 { cached as f64 / in_tokens as f64 } else { 0.0 },
         "output_tokens_per_s": out_tokens as f64 / duration,
         "total_tokens_per_s": (in_tokens + out_tokens) as f64 / duration,
-        "steady_decode_chunks_per_s": after as f64 / (last_end - last_first).max(1e-9),
+        "steady_decode_chunks_per_s": steady,
         "ttft_ms": ms(Percentiles::of(ttft)),
         "tpot_ms": ms(Percentiles::of(tpot)),
         "itl_ms": ms(Percentiles::of(itl)),
@@ -492,5 +495,40 @@ mod tests {
         let e = plan(&args(&["--rate=-3"])).unwrap_err().to_string();
         assert!(e.contains("--rate -3"), "{e}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_report_accounts_for_every_request_and_measures_decode_where_all_decode() {
+        let planned = |output| Planned { arrival: 0.0, prompt: vec![1; 8], output };
+        let plan = vec![planned(4), planned(4), planned(4), planned(4)];
+        let done = |chunks: Vec<f64>, end, id: &str| Outcome {
+            status: 200,
+            start: 0.0,
+            end,
+            usage_tokens: Some(chunks.len()),
+            chunks,
+            id: Some(id.into()),
+            done: true,
+            ..Default::default()
+        };
+        let outs = vec![
+            // First chunks at 1.0 and 2.0; the first request ends at 4.0: the window is (2, 4].
+            done(vec![1.0, 2.5, 3.0, 4.0], 4.0, "a"),
+            done(vec![2.0, 3.0, 4.0, 5.0], 5.0, "b"),
+            Outcome { status: 429, end: 0.1, ..Default::default() },
+            done(vec![0.5, 0.6, 0.7], 0.8, "a"),
+        ];
+        let r = report(&args(&[]), &plan, &outs, 0);
+        assert_eq!(r["completed"], 3);
+        assert_eq!(r["rejected_429"], 1);
+        assert_eq!(r["failed"], 0);
+        assert_eq!(r["token_count_mismatches"], 1, "the fourth request got 3 of its 4 tokens");
+        assert_eq!(r["duplicate_ids"], 1);
+        assert_eq!(r["output_tokens"], 11);
+        // The third request ended before the second began decoding: no window where all decode.
+        assert_eq!(r["steady_decode_chunks_per_s"], 0.0);
+        let r = report(&args(&[]), &plan[..2], &outs[..2], 0);
+        // Chunks in (2, 4]: 2.5, 3.0, 4.0 of the first, 3.0, 4.0 of the second: 5 in 2 s.
+        assert_eq!(r["steady_decode_chunks_per_s"], 2.5);
     }
 }
