@@ -25,6 +25,8 @@ for s in "${stages[@]}"; do
         --minutes "${MINUTES:-7.0}" ;;
     export)
       $PY tools/tiny-model/export.py --run "$RUN" --dir $D --out models --seq 80 --prefill 60
+      # Shipped compressed (the loader inflates *.safetensors.gz): the tracked tree stays small.
+      gzip -9 -n -f models/deepinfer-tiny-v4/model.safetensors models/deepinfer-tiny-v4/reference.safetensors
       cargo run --release -p deepinfer -- check-parity --model models/deepinfer-tiny-v4 ;;
     *) echo "unknown stage $s (prepare, train, export)" >&2; exit 2 ;;
   esac

@@ -1,5 +1,7 @@
 //! Safetensors checkpoints by memory map: one `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`, under the official tensor names (MODEL_V4.md §10).
+//! `model.safetensors.index.json`, under the official tensor names (MODEL_V4.md §10). A file
+//! named `*.safetensors.gz` (how the repository ships its small models) is inflated into memory
+//! instead; `model.safetensors.gz` stands in for a missing `model.safetensors`.
 //!
 //! Tensors are decoded to f32 on request (BF16, F32, F8_E4M3 with its `.scale`, packed FP4 with its
 //! `.scale`) or read as I64 (`tid2eid`). Truncated or corrupt files, missing tensors, wrong shapes
@@ -25,9 +27,50 @@ pub enum CheckpointError {
     Tensor { name: String, file: String, problem: String },
 }
 
+/// A shard's bytes: mapped from the file, or inflated from a gzip file.
+enum Bytes {
+    Mapped(Mmap),
+    Inflated(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Inflated(v) => v,
+        }
+    }
+}
+
+fn read_bytes(path: &Path) -> Result<Bytes, CheckpointError> {
+    let file = File::open(path).map_err(|e| file_err(path, e.to_string()))?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(std::io::BufReader::new(file)), &mut out)
+            .map_err(|e| file_err(path, format!("does not inflate (truncated or corrupt gzip?): {e}")))?;
+        return Ok(Bytes::Inflated(out));
+    }
+    // SAFETY: the map is read-only; a checkpoint modified while mapped could change the bytes we
+    // read (never memory safety of Rust objects: we only copy bytes out).
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| file_err(path, format!("cannot map: {e}")))?;
+    Ok(Bytes::Mapped(map))
+}
+
+/// `dir/name`, or `dir/name.gz` when only that exists.
+pub fn file_or_gz(dir: &Path, name: &str) -> PathBuf {
+    let plain = dir.join(name);
+    let gz = dir.join(format!("{name}.gz"));
+    if !plain.is_file() && gz.is_file() {
+        gz
+    } else {
+        plain
+    }
+}
+
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: Bytes,
     header_len: usize,
     meta: Metadata,
 }
@@ -45,7 +88,7 @@ fn file_err(path: &Path, problem: impl Into<String>) -> CheckpointError {
 }
 
 impl Checkpoint {
-    /// Open `dir/model.safetensors.index.json` (sharded) or `dir/model.safetensors`.
+    /// Open `dir/model.safetensors.index.json` (sharded) or `dir/model.safetensors` (or `.gz`).
     pub fn open_dir(dir: &Path) -> Result<Checkpoint, CheckpointError> {
         let index_path = dir.join("model.safetensors.index.json");
         if index_path.is_file() {
@@ -81,7 +124,7 @@ impl Checkpoint {
             }
             Ok(ckpt)
         } else {
-            let single = dir.join("model.safetensors");
+            let single = file_or_gz(dir, "model.safetensors");
             if !single.is_file() {
                 return Err(file_err(dir, "neither model.safetensors nor model.safetensors.index.json is here"));
             }
@@ -94,10 +137,7 @@ impl Checkpoint {
         let mut shards = Vec::new();
         let mut index = HashMap::new();
         for path in paths {
-            let file = File::open(path).map_err(|e| file_err(path, e.to_string()))?;
-            // SAFETY: the map is read-only; a checkpoint modified while mapped could change the
-            // bytes we read (never memory safety of Rust objects: we only copy bytes out).
-            let map = unsafe { Mmap::map(&file) }.map_err(|e| file_err(path, format!("cannot map: {e}")))?;
+            let map = read_bytes(path)?;
             let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
                 .map_err(|e| file_err(path, format!("not a valid safetensors file (truncated or corrupt?): {e}")))?;
             for name in meta.tensors().keys() {

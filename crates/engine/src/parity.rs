@@ -2,7 +2,7 @@
 //! `make_tiny_v4.py` (`config.json`, `model.safetensors`, `reference.safetensors`, and optionally
 //! `meta.json` for the prefill length of the cached run).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 use thiserror::Error;
@@ -68,7 +68,7 @@ fn argmax(row: &[f32]) -> usize {
 pub fn check(dir: &Path, prefill: Option<usize>, numerics: Numerics) -> Result<ParityReport, ParityError> {
     let model = Model::load(dir)?;
     let cfg = model.config().clone();
-    let refs = Checkpoint::open_files(dir, &[PathBuf::from(dir).join("reference.safetensors")])?;
+    let refs = Checkpoint::open_files(dir, &[crate::checkpoint::file_or_gz(dir, "reference.safetensors")])?;
     let s =
         refs.shape("input_ids")?.last().copied().ok_or_else(|| ParityError::Bad("input_ids has no shape".into()))?;
     let ids: Vec<u32> = refs

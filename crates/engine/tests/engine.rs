@@ -22,7 +22,8 @@ fn req(id: u64, prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> 
 
 fn reference(name: &str) -> (Vec<u32>, Vec<f32>, usize) {
     let dir = fixture(name);
-    let refs = Checkpoint::open_files(&dir, &[dir.join("reference.safetensors")]).unwrap();
+    let refs = Checkpoint::open_files(&dir, &[deepinfer_engine::checkpoint::file_or_gz(&dir, "reference.safetensors")])
+        .unwrap();
     let s = refs.shape("input_ids").unwrap()[1];
     let ids: Vec<u32> = refs.i64("input_ids", &[1, s]).unwrap().into_iter().map(|v| v as u32).collect();
     let v = refs.shape("logits").unwrap()[1];

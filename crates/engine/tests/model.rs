@@ -35,6 +35,21 @@ fn sharded_checkpoint_loads_like_a_single_file() {
     let (a, b) = (Model::load(&single).unwrap(), Model::load(&sharded).unwrap());
     let t = ids(&mut rng, 17, c["vocab_size"].as_u64().unwrap());
     assert_eq!(logits(&a, &t), logits(&b, &t));
+
+    // The same file gzipped (as the repository ships its models) loads to the same model.
+    let gz = random_model_dir("gz", &c, 5, 1);
+    let f = gz.join("model.safetensors");
+    let raw = std::fs::read(&f).unwrap();
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &raw).unwrap();
+    let packed = enc.finish().unwrap();
+    std::fs::remove_file(&f).unwrap();
+    std::fs::write(gz.join("model.safetensors.gz"), &packed).unwrap();
+    assert_eq!(logits(&Model::load(&gz).unwrap(), &t), logits(&a, &t));
+    // A truncated gzip is an error naming the file.
+    std::fs::write(gz.join("model.safetensors.gz"), &packed[..packed.len() / 2]).unwrap();
+    let e = load_err(&gz);
+    assert!(e.contains("model.safetensors.gz") && e.contains("does not inflate"), "{e}");
 }
 
 fn load_err(dir: &Path) -> String {

@@ -7,22 +7,11 @@
 use half::bf16;
 
 use crate::cpu::hc as host;
-pub use crate::cpu::hc::HcShape;
 use crate::device::{DeviceBuffer, Stream};
 use crate::error::FfiError;
 use crate::ops::check_len;
+pub use crate::shapes::hc::*;
 use crate::{DeviceKind, Result};
-
-/// The most streams the CUDA kernels handle (V4 uses 4).
-pub const CUDA_MAX_STREAMS: usize = 4;
-
-/// One mHC site's parameters on the device: fn [width, n·D], base [width], scale [3] (a sublayer
-/// site, width (2+n)·n) or [1] (the final collapse, width n).
-pub struct HcSite<'a> {
-    pub fn_w: &'a DeviceBuffer<f32>,
-    pub base: &'a DeviceBuffer<f32>,
-    pub scale: &'a DeviceBuffer<f32>,
-}
 
 fn check_shape(op: &'static str, s: &HcShape) -> Result<()> {
     if s.n == 0 || s.dim == 0 {

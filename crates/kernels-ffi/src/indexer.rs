@@ -7,31 +7,11 @@
 use half::bf16;
 
 use crate::cpu::indexer as host;
-pub use crate::cpu::indexer::IndexerShape;
 use crate::device::{DeviceBuffer, Stream};
 use crate::error::FfiError;
 use crate::ops::check_len;
+pub use crate::shapes::indexer::*;
 use crate::{DeviceKind, Result};
-
-/// Index heads and head dimension the CUDA kernels are built for (V4).
-pub const CUDA_HEADS: u32 = 64;
-pub const CUDA_DIM: u32 = 128;
-/// The most rows the CUDA top-k selects per sequence.
-pub const CUDA_MAX_K: u32 = 2048;
-
-static WGMMA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether [`indexer_prefill`]'s scores use the Hopper wgmma kernel on an sm_90 GPU (the default) or
-/// the decode kernel with a shared list: a process-wide switch for A/B benchmarks and for testing
-/// both; results agree within the indexer tolerance either way.
-pub fn set_wgmma(on: bool) {
-    WGMMA.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The switch [`set_wgmma`] sets.
-pub fn wgmma() -> bool {
-    WGMMA.load(std::sync::atomic::Ordering::Relaxed)
-}
 
 /// The CUDA scores kernel [`indexer_prefill`] launches on `stream`'s GPU; `None` on the CPU or
 /// without the CUDA backend.

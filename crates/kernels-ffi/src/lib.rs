@@ -40,6 +40,7 @@ pub mod report;
 pub mod rope;
 pub mod rows;
 pub mod sampling;
+pub mod shapes;
 pub mod testing;
 
 pub use device::{Device, DeviceBuffer, DeviceKind, Event, Graph, Stream};

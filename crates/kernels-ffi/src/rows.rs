@@ -12,19 +12,10 @@ use crate::error::FfiError;
 use crate::ops::check_len;
 use crate::{quant, DeviceKind, Result};
 
+pub use crate::shapes::rows::*;
+
 /// The most channels a row of [`qat_rows`] may have (one CUDA block of threads a row).
 pub const MAX_QAT_DIM: usize = 1024;
-
-/// The rounding [`qat_rows`] applies to each row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RowQatKind {
-    /// The KV QAT: an e4m3 round trip of the first `dim - rope_dim` channels in blocks of 64 with
-    /// power-of-two scales (amax floored at 1e-4); the rope tail is untouched.
-    Fp8Nope { rope_dim: u32 },
-    /// The indexer QAT: a normalised Walsh–Hadamard transform of the row (dim a power of two), then
-    /// an e2m1 round trip in blocks of 32 with power-of-two scales.
-    HadamardFp4,
-}
 
 /// `dst[rows[i]] = src[i]` for the first `n` rows of `width` elements of `src`; a negative row is
 /// skipped. A row at or past the end of `dst` is skipped and sets `status[0]` to 1 (reset here

@@ -52,7 +52,9 @@ pub struct EngineArgs {
 /// tools/tiny-model), found when the binary runs from its checkout.
 pub fn shipped_model() -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/deepinfer-tiny-v4");
-    dir.join("model.safetensors").is_file().then(|| dir.canonicalize().unwrap_or(dir))
+    deepinfer_engine::checkpoint::file_or_gz(&dir, "model.safetensors")
+        .is_file()
+        .then(|| dir.canonicalize().unwrap_or(dir))
 }
 
 /// What runs without `--model`.

@@ -4,15 +4,7 @@
 
 use half::bf16;
 
-/// Shape of a decode attention call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecodeAttnShape {
-    pub batch: u32,
-    pub heads: u32,
-    pub head_dim: u32,
-    /// Row stride of `key_rows`: the most keys a sequence may list.
-    pub max_keys: u32,
-}
+pub use crate::shapes::attention::DecodeAttnShape;
 
 /// out[b, h] = Σ_j p_hj·k_j with p_hj = exp(s_hj) / (Σ exp(s_hj') + exp(sink_h)), s_hj = scale·q_bh·k_j,
 /// over the first key_counts[b] entries of key_rows[b] (pool rows of `kv`). Rows outside the pool

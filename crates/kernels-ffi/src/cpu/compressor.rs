@@ -4,26 +4,7 @@
 //! the previous window's first-half series (`Ca`, absent for the first window: weight 0, as the
 //! reference's -inf gate) and then this window's second-half series (`Cb`).
 
-/// The shape of one compressor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolShape {
-    pub ratio: usize,
-    /// Channels of an emitted row.
-    pub width: usize,
-    /// Two series per token (CSA, indexer) instead of one (HCA).
-    pub overlap: bool,
-}
-
-impl PoolShape {
-    /// Channels a token contributes: 2·width when overlapping, else width.
-    pub fn token_width(&self) -> usize {
-        if self.overlap {
-            2 * self.width
-        } else {
-            self.width
-        }
-    }
-}
+pub use crate::shapes::compressor::PoolShape;
 
 /// The pooled row [width] of one window: `kv` and `gate` are the window's `ratio` tokens,
 /// [ratio, token_width] each (gates with `ape` added); `prev` the previous window's `Ca` values and

@@ -8,23 +8,7 @@
 //! iterations, mixes the old streams: X'_k = post_k·y + Σ_j comb[j,k]·X_j (comb used transposed).
 //! The final collapse (`hc_head`) has only `pre` weights (n mixes).
 
-/// The shape knobs of mHC.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HcShape {
-    /// Streams (`hc_mult`).
-    pub n: usize,
-    pub dim: usize,
-    pub sinkhorn_iters: usize,
-    pub hc_eps: f32,
-    pub norm_eps: f32,
-}
-
-impl HcShape {
-    /// Mixes a sublayer site projects to: (2 + n)·n.
-    pub fn site_width(&self) -> usize {
-        (2 + self.n) * self.n
-    }
-}
+pub use crate::shapes::hc::HcShape;
 
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())

@@ -3,21 +3,9 @@
 //! list per sequence; prefill: the chunk's tokens sharing one list, each seeing a prefix of it), then
 //! the positions of the k highest.
 
-use half::bf16;
+pub use crate::shapes::indexer::IndexerShape;
 
-/// Shape of an indexer decode call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IndexerShape {
-    pub batch: u32,
-    /// Index heads (64 in V4).
-    pub heads: u32,
-    /// Index head dimension (128 in V4).
-    pub dim: u32,
-    /// Row stride of `key_rows` and `scores`: the most candidate keys a sequence may list.
-    pub max_rows: u32,
-    /// Rows to select (512 in V4).
-    pub k: u32,
-}
+use half::bf16;
 
 /// scores[b, j] = scale · Σ_h w[b, h]·ReLU(q[b, h]·keys[key_rows[b, j]]) for j < counts[b]; -inf past
 /// the count and for rows outside the pool (the return value says whether any was).

@@ -4,9 +4,9 @@
 
 use half::bf16;
 
-use crate::ops::WeightFormat;
 use crate::params::GemmParams;
 use crate::quant::fp8_round_trip;
+use crate::shapes::gemm::WeightFormat;
 
 /// `sqrt(softplus(z))`, with torch's softplus threshold (linear above 20).
 pub fn sqrt_softplus(z: f32) -> f32 {

@@ -4,28 +4,7 @@
 //! order. Log-probabilities come from the distribution after temperature, before truncation (as
 //! OpenAI reports them). Math in f64; candidate order is descending logit, ties to the lower id.
 
-/// Per-row sampling parameters (validated by the caller: temperature in [0, 2], top_p in (0, 1],
-/// min_p in [0, 1]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Truncation {
-    /// Below 1e-5: greedy.
-    pub temperature: f32,
-    /// 0: off.
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub seed: u64,
-    /// Alternatives to report (most likely first).
-    pub top_logprobs: usize,
-}
-
-/// The chosen token, its log-probability, and the `top_logprobs` most likely (token, logprob).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Choice {
-    pub token: u32,
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
+pub use crate::shapes::sampling::{Choice, Truncation};
 
 /// A uniform number in [0, 1) that depends only on (seed, position).
 pub fn uniform(seed: u64, position: u64) -> f64 {

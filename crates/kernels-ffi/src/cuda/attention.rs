@@ -4,8 +4,8 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use crate::attention::{decode_splits, DecodeAttnShape};
 use crate::device::{DeviceBuffer, Stream};
+use crate::shapes::attention::{decode_splits, DecodeAttnShape};
 use crate::Result;
 
 use super::launch::backend;
@@ -52,16 +52,16 @@ const ATTN_HS_SMEM: u32 = 1024
 const SP_C2_MIN_TILES: u32 = 4;
 
 /// The kernel `attention_decode` launches on this GPU for `batch` sequences in `splits` key splits
-/// of `per` tiles: on sm_90 (unless switched off by [`crate::attention::set_wgmma`]) the
+/// of `per` tiles: on sm_90 (unless switched off by [`crate::shapes::attention::set_wgmma`]) the
 /// warpgroup-MMA kernels: the S-warpgroup ones (unless switched off by
-/// [`crate::attention::set_s_warpgroup`]) for one split with a block per sequence, and for two
+/// [`crate::shapes::attention::set_s_warpgroup`]) for one split with a block per sequence, and for two
 /// splits of [`SP_C2_MIN_TILES`] tiles or more (clusters of two blocks that merge in shared memory),
 /// else the turn-taking ones (two splits as clusters; the persistent one for more sequences than
 /// SMs; fp32 partials and a combine for more splits); the mma.sync kernel elsewhere.
 pub(crate) fn decode_kernel(stream: &Stream, splits: u32, per: u32, batch: u32) -> (&'static str, &'static str) {
     let be = backend(stream);
-    let sp = crate::attention::s_warpgroup();
-    match (be.is_sm90() && crate::attention::wgmma(), splits) {
+    let sp = crate::shapes::attention::s_warpgroup();
+    match (be.is_sm90() && crate::shapes::attention::wgmma(), splits) {
         (true, 2) if sp && per >= SP_C2_MIN_TILES => ("attention_sm90", "di_attn_decode_sp_c2"),
         (true, 2) => ("attention_sm90", "di_attn_decode_wg_c2"),
         (true, 1) if sp && batch <= be.sm_count() => ("attention_sm90", "di_attn_decode_sp"),
@@ -72,21 +72,21 @@ pub(crate) fn decode_kernel(stream: &Stream, splits: u32, per: u32, batch: u32) 
 
 /// Whether `attention_decode` runs each sequence of `shape` as two blocks of half its heads over
 /// all of its keys (`di_attn_decode_hs`, its products transposed so that 32 heads fill a wgmma, or
-/// `di_attn_decode_sp` with the head-halves flag: [`crate::attention::set_head_halves_sp`]; a grid
+/// `di_attn_decode_sp` with the head-halves flag: [`crate::shapes::attention::set_head_halves_sp`]; a grid
 /// of twice the batch) instead of splitting its keys: on sm_90 with the S-warpgroup kernels, an even head count, twice
 /// the batch within one wave of SMs, and at most
-/// [`crate::attention::head_halves_max_tiles`] key tiles a sequence. No merge then: each block
+/// [`crate::shapes::attention::head_halves_max_tiles`] key tiles a sequence. No merge then: each block
 /// writes its heads' outputs; the two blocks read the same key rows (the second mostly from L2).
 pub(crate) fn head_halves(stream: &Stream, shape: DecodeAttnShape) -> bool {
     let be = backend(stream);
-    let tiles = shape.max_keys.div_ceil(crate::attention::CUDA_KEY_TILE).max(1);
+    let tiles = shape.max_keys.div_ceil(crate::shapes::attention::CUDA_KEY_TILE).max(1);
     be.is_sm90()
-        && crate::attention::wgmma()
-        && crate::attention::s_warpgroup()
+        && crate::shapes::attention::wgmma()
+        && crate::shapes::attention::s_warpgroup()
         && shape.heads >= 2
         && shape.heads.is_multiple_of(2)
         && 2 * shape.batch <= be.sm_count()
-        && tiles <= crate::attention::head_halves_max_tiles()
+        && tiles <= crate::shapes::attention::head_halves_max_tiles()
 }
 
 /// How `attention_decode` launches for a shape: the kernel (module, entry point), the key splits
@@ -106,8 +106,8 @@ pub(crate) fn decode_launch(stream: &Stream, shape: DecodeAttnShape) -> DecodeLa
         let (module, kernel) = decode_kernel(stream, splits, per, shape.batch);
         return DecodeLaunch { module, kernel, splits, per, halves };
     }
-    let kernel = if crate::attention::head_halves_sp() { "di_attn_decode_sp" } else { "di_attn_decode_hs" };
-    let per = shape.max_keys.div_ceil(crate::attention::CUDA_KEY_TILE).max(1);
+    let kernel = if crate::shapes::attention::head_halves_sp() { "di_attn_decode_sp" } else { "di_attn_decode_hs" };
+    let per = shape.max_keys.div_ceil(crate::shapes::attention::CUDA_KEY_TILE).max(1);
     DecodeLaunch { module: "attention_sm90", kernel, splits: 1, per, halves }
 }
 
@@ -182,13 +182,13 @@ pub(crate) fn attention_decode(
             // Programmatic dependent launch (unless switched off: `ops::set_pdl`): the kernels set
             // up under the grid before them and wait for it before their first read (pdl_start);
             // the flags word tells them whether to let the next grid launch early.
-            let pdl = be.pdl_for(s, crate::ops::pdl());
+            let pdl = be.pdl_for(s, crate::shapes::gemm::pdl());
             // The kernels' flags word (kFlag* in attention_sm90.cu).
-            let mut flags = u32::from(crate::attention::tma_runs())
-                | u32::from(crate::attention::merge_f32()) << 1
+            let mut flags = u32::from(crate::shapes::attention::tma_runs())
+                | u32::from(crate::shapes::attention::merge_f32()) << 1
                 | u32::from(pdl) << 2
                 | u32::from(halves) << 3
-                | u32::from(crate::attention::s_half_first()) << 4;
+                | u32::from(crate::shapes::attention::s_half_first()) << 4;
             let (mut q_ptr, _q_sync) = q.cuda().device_ptr(s);
             let (mut kv_ptr, _kv_sync) = kv.cuda().device_ptr(s);
             let (mut rows_ptr, _rows_sync) = key_rows.cuda().device_ptr(s);

@@ -4,8 +4,8 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use crate::compressor::{CompressShape, CompressState, RowQat};
 use crate::device::{DeviceBuffer, Stream};
+use crate::shapes::compressor::{CompressShape, CompressState, RowQat};
 use crate::{FfiError, Result};
 
 use super::launch::backend;

@@ -5,7 +5,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Stream};
-use crate::hc::{HcShape, HcSite};
+use crate::shapes::hc::{HcShape, HcSite};
 use crate::{FfiError, Result};
 
 use super::launch::backend;

@@ -5,7 +5,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Stream};
-use crate::indexer::IndexerShape;
+use crate::shapes::indexer::IndexerShape;
 use crate::Result;
 
 use super::launch::backend;
@@ -16,9 +16,9 @@ use super::launch::backend;
 const IDX_WG_SMEM: u32 = 1024 + 65536 + 4 * 16384 + 64 * 64 * 4 + 256 * 4 + 9 * 8;
 
 /// The scores kernel for a call: for a prefill chunk (one shared list) on sm_90 the wgmma kernel
-/// (unless switched off by [`crate::indexer::set_wgmma`]), else the mma.sync kernel.
+/// (unless switched off by [`crate::shapes::indexer::set_wgmma`]), else the mma.sync kernel.
 pub(crate) fn scores_kernel(stream: &Stream, rows_stride: u32) -> &'static str {
-    if rows_stride == 0 && backend(stream).is_sm90() && crate::indexer::wgmma() {
+    if rows_stride == 0 && backend(stream).is_sm90() && crate::shapes::indexer::wgmma() {
         "di_indexer_scores_prefill_wg"
     } else {
         "di_indexer_scores"

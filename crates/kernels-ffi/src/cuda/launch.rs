@@ -75,7 +75,7 @@ pub(crate) fn rms_norm<T: Element>(
     Ok(())
 }
 
-/// [`crate::ops::rms_norm_fp8`] on CUDA (every length checked, dim % 128 == 0): the fused warp kernel
+/// `ops::rms_norm_fp8` on CUDA (every length checked, dim % 128 == 0): the fused warp kernel
 /// (`di_rms_norm_fp8_warp*`, NORM_WARP_ROWS rows a block) where a row fits a warp's registers and
 /// its 16-byte vectors are aligned; else [`rms_norm`] into `out` (or a scratch buffer) and
 /// [`quantize_act_fp8`], for contiguous rows.
@@ -182,8 +182,8 @@ pub(crate) fn gemm_tc_split(n: u32, k: u32, jobs: u32) -> (u32, u32) {
 
 /// Whether a dense low-precision GEMM runs on the tensor-core kernels (`gemm_tc_launch`): from 2
 /// rows of x (or any m with FP4 activation quantisation) when k is a multiple of 128.
-pub(crate) fn uses_tensor_cores(format: crate::ops::WeightFormat, m: u32, k: u32, quantize: bool) -> bool {
-    let fp4_quant = quantize && format == crate::ops::WeightFormat::Fp4Row32;
+pub(crate) fn uses_tensor_cores(format: crate::shapes::gemm::WeightFormat, m: u32, k: u32, quantize: bool) -> bool {
+    let fp4_quant = quantize && format == crate::shapes::gemm::WeightFormat::Fp4Row32;
     (m >= 2 || fp4_quant) && k.is_multiple_of(128)
 }
 
@@ -196,45 +196,57 @@ const FP8Q_MIN_ONE_ROW_BYTES: u64 = 16 << 20;
 /// Whether a dense GEMM runs on the FP8 x FP8 decode kernel (`di_gemm_fp8q_n{8,16}`): FP8 weights
 /// with activation quantisation, m <= 16, k % 128 == 0, n % 16 == 0; for one row only large
 /// weights that the flat kernel does not take (k = 512/1024 stays flat: wq_b 0.48 against 0.43);
-/// unless switched off by [`crate::ops::set_fp8_mma_decode`].
-pub(crate) fn uses_fp8_mma_decode(format: crate::ops::WeightFormat, m: u32, n: u32, k: u32, quantize: bool) -> bool {
+/// unless switched off by [`crate::shapes::gemm::set_fp8_mma_decode`].
+pub(crate) fn uses_fp8_mma_decode(
+    format: crate::shapes::gemm::WeightFormat,
+    m: u32,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> bool {
     let one_row_ok =
         m != 1 || (flat_gemv_rows(format, m, n, k).is_none() && n as u64 * k as u64 >= FP8Q_MIN_ONE_ROW_BYTES);
-    format == crate::ops::WeightFormat::Fp8Block128
+    format == crate::shapes::gemm::WeightFormat::Fp8Block128
         && quantize
         && (1..=16).contains(&m)
         && k.is_multiple_of(128)
         && n.is_multiple_of(16)
         && one_row_ok
-        && crate::ops::fp8_mma_decode()
+        && crate::shapes::gemm::fp8_mma_decode()
 }
 
 /// Whether an FP4 GEMM job of up to `rows` rows runs on the FP4 x FP8 decode kernel
 /// (`di_gemm_fp4q_n{8,16}`): activation quantisation (the MoE experts' numerics), rows <= 16,
-/// k % 128 == 0, n % 16 == 0, unless switched off by [`crate::ops::set_fp8_mma_decode`].
-pub(crate) fn uses_fp4_mma_decode(format: crate::ops::WeightFormat, rows: u32, n: u32, k: u32, quantize: bool) -> bool {
-    format == crate::ops::WeightFormat::Fp4Row32
+/// k % 128 == 0, n % 16 == 0, unless switched off by [`crate::shapes::gemm::set_fp8_mma_decode`].
+pub(crate) fn uses_fp4_mma_decode(
+    format: crate::shapes::gemm::WeightFormat,
+    rows: u32,
+    n: u32,
+    k: u32,
+    quantize: bool,
+) -> bool {
+    format == crate::shapes::gemm::WeightFormat::Fp4Row32
         && quantize
         && (1..=16).contains(&rows)
         && k.is_multiple_of(128)
         && n.is_multiple_of(16)
-        && crate::ops::fp8_mma_decode()
+        && crate::shapes::gemm::fp8_mma_decode()
 }
 
 /// Whether a grouped GEMM over chunks of `tile` rows runs the Hopper wgmma FP4 kernel
 /// (`di_gemm_fp4_wgmma`): an sm_90 GPU, FP4 weights, 128-row chunks (prefill), k % 64 == 0, n % 8
-/// == 0, unless switched off by [`crate::ops::set_fp4_wgmma`].
+/// == 0, unless switched off by [`crate::shapes::gemm::set_fp4_wgmma`].
 pub(crate) fn uses_fp4_grouped_wgmma(
     sm90: bool,
-    format: crate::ops::WeightFormat,
+    format: crate::shapes::gemm::WeightFormat,
     tile: u32,
     p: &crate::params::GemmParams,
 ) -> bool {
-    sm90 && format == crate::ops::WeightFormat::Fp4Row32
+    sm90 && format == crate::shapes::gemm::WeightFormat::Fp4Row32
         && tile == 128
         && p.k.is_multiple_of(64)
         && p.n.is_multiple_of(8)
-        && crate::ops::fp4_wgmma()
+        && crate::shapes::gemm::fp4_wgmma()
 }
 
 /// Columns (tokens) of the B operand the decode kernels take for up to `rows` rows (rows <= 16):
@@ -251,27 +263,27 @@ pub(crate) fn decode_cols(rows: u32) -> u32 {
 /// tensor cores (`di_gemm_fp4q_wg_n{8,16}`): an sm_90 GPU, FP4 weights, chunks of up to 16 rows with
 /// activation quantisation (the MoE decode numerics), k % 128 == 0, n % 64 == 0, and x's rounded
 /// rows for all of k in one block's shared memory, unless switched off by
-/// [`crate::ops::set_fp4_dec_wgmma`] or [`crate::ops::set_fp8_mma_decode`].
+/// [`crate::shapes::gemm::set_fp4_dec_wgmma`] or [`crate::shapes::gemm::set_fp8_mma_decode`].
 pub(crate) fn uses_fp4_dec_wgmma(
     sm90: bool,
-    format: crate::ops::WeightFormat,
+    format: crate::shapes::gemm::WeightFormat,
     tile: u32,
     p: &crate::params::GemmParams,
 ) -> bool {
-    sm90 && format == crate::ops::WeightFormat::Fp4Row32
+    sm90 && format == crate::shapes::gemm::WeightFormat::Fp4Row32
         && tile <= 16
         && p.quantize_x != 0
         && p.k.is_multiple_of(128)
         && p.n.is_multiple_of(64)
         && super::wgmma::fp4q_wg_blocks_per_sm(decode_cols(tile), p.k) > 0
-        && crate::ops::fp8_mma_decode()
-        && crate::ops::fp4_dec_wgmma()
+        && crate::shapes::gemm::fp8_mma_decode()
+        && crate::shapes::gemm::fp4_dec_wgmma()
 }
 
 /// The kernel a grouped (MoE) GEMM over chunks of `tile` rows (at most `capacity`) launches on a
 /// GPU with `sm_count` SMs (`sm90`: compute capability 9.0).
 pub(crate) fn gemm_grouped_kernel(
-    format: crate::ops::WeightFormat,
+    format: crate::shapes::gemm::WeightFormat,
     tile: u32,
     capacity: u32,
     p: &crate::params::GemmParams,
@@ -289,8 +301,8 @@ pub(crate) fn gemm_grouped_kernel(
         return format!("di_gemm_fp4q_{}n{}", if stream { "stream_" } else { "" }, decode_cols(tile));
     }
     let f = match format {
-        crate::ops::WeightFormat::Fp8Block128 => "fp8",
-        crate::ops::WeightFormat::Fp4Row32 => "fp4",
+        crate::shapes::gemm::WeightFormat::Fp8Block128 => "fp8",
+        crate::shapes::gemm::WeightFormat::Fp4Row32 => "fp4",
     };
     format!("di_gemm_{f}_{}", tc_kernel_suffix(tile))
 }
@@ -303,12 +315,13 @@ const FP4Q_STREAM_SMEM_PER_WARP: u32 = 8 * 16 * 80;
 /// whole (chunk, 16-row tile) items; blocks of 8 warps, two an SM for chunks of up to 8 rows and
 /// one for 16, whose registers allow no more; blocks of 2 warps, a warp an item, when the items
 /// (at most `items` = chunk capacity x n / 16) are fewer than that grid's warps), or `None` for the
-/// one-item-a-block kernel: dense jobs, the switch [`crate::ops::set_fp4_stream`] off, fewer than
+/// one-item-a-block kernel: dense jobs, the switch [`crate::shapes::gemm::set_fp4_stream`] off, fewer than
 /// two items an SM, or more than 32 bits of items.
 pub(crate) fn fp4q_stream_grid(items: Option<u64>, sm_count: u32, tile: u32) -> Option<StreamGrid> {
     let blocks = sm_count as u64 * if tile <= 8 { 2 } else { 1 };
     // The kernel counts items in 32 bits.
-    let items = items.filter(|i| crate::ops::fp4_stream() && *i >= sm_count as u64 * 2 && *i <= u32::MAX as u64)?;
+    let items =
+        items.filter(|i| crate::shapes::gemm::fp4_stream() && *i >= sm_count as u64 * 2 && *i <= u32::MAX as u64)?;
     if items >= blocks * 8 {
         return Some(StreamGrid { blocks: items.div_ceil(8).min(blocks) as u32, warps: 8 });
     }
@@ -399,7 +412,7 @@ fn quantize_x_into<T: cudarc::driver::DeviceRepr>(
     Ok(())
 }
 
-/// [`crate::ops::quantize_act_fp8`] on CUDA: `di_quantize_x_e4m3` into the caller's buffers (the
+/// `ops::quantize_act_fp8` on CUDA: `di_quantize_x_e4m3` into the caller's buffers (the
 /// op checked their lengths and k % 128 == 0).
 pub(crate) fn quantize_act_fp8(
     stream: &Stream,
@@ -415,7 +428,7 @@ pub(crate) fn quantize_act_fp8(
     })
 }
 
-/// [`crate::ops::gemm_fp8_act`] on CUDA (p.quantize_x set, every length checked): the wgmma
+/// `ops::gemm_fp8_act` on CUDA (p.quantize_x set, every length checked): the wgmma
 /// prefill kernels straight from xq and sx where they apply; otherwise x dequantised into bf16
 /// (`di_dequantize_x_e4m3`) and [`gemm_lowp`].
 pub(crate) fn gemm_fp8_act(
@@ -429,13 +442,13 @@ pub(crate) fn gemm_fp8_act(
 ) -> Result<()> {
     let be = backend(stream);
     let hopper = be.hopper_sms();
-    match hopper_fp8(hopper, crate::ops::WeightFormat::Fp8Block128, p.m, p.n, p.k, true) {
+    match hopper_fp8(hopper, crate::shapes::gemm::WeightFormat::Fp8Block128, p.m, p.n, p.k, true) {
         Some(HopperFp8::Prefill { .. }) => {
             return super::wgmma::gemm_fp8_wgmma_run(stream, xq.cuda(), sx.cuda(), w, scale, y, p)
         }
         // The decode kernel copies the codes and scales as they are (no rounding before its
         // first MMA), unless switched off for an A/B (`ops::set_fp8_dec_act`).
-        Some(HopperFp8::Decode(plan)) if crate::ops::fp8_dec_act() => {
+        Some(HopperFp8::Decode(plan)) if crate::shapes::gemm::fp8_dec_act() => {
             return super::wgmma::gemm_fp8_dec_launch(stream, super::wgmma::DecX::Fp8(xq, sx), w, scale, y, p, plan)
         }
         _ => {}
@@ -454,7 +467,7 @@ pub(crate) fn gemm_fp8_act(
     // op), out m * k bf16; k % 128 == 0 so every 8-value unit lies in one scale block; the
     // grid-stride loop stops at m * k / 8 units.
     unsafe { s.launch_builder(&f).arg(xq.cuda()).arg(sx.cuda()).arg(x.cuda_mut()).arg(&p.m).arg(&p.k).launch(cfg) }?;
-    gemm_lowp(stream, crate::ops::WeightFormat::Fp8Block128, &x, w, scale, y, p)
+    gemm_lowp(stream, crate::shapes::gemm::WeightFormat::Fp8Block128, &x, w, scale, y, p)
 }
 
 /// The FP4 x FP8 decode GEMM, dense (rows 0..m, m <= 16) or over MoE chunks (up to 16 rows each,
@@ -559,10 +572,10 @@ impl HopperFp8 {
 
 /// The Hopper wgmma kernel for a dense GEMM, if one applies: an sm_90 GPU with `hopper_sms` SMs,
 /// FP8 weights with activation quantisation, k % 128 == 0, n % 16 == 0, and m > 32 (prefill) or a
-/// decode plan (`dec_plan`); unless switched off by [`crate::ops::set_fp8_wgmma`].
+/// decode plan (`dec_plan`); unless switched off by [`crate::shapes::gemm::set_fp8_wgmma`].
 pub(crate) fn hopper_fp8(
     hopper_sms: Option<u32>,
-    format: crate::ops::WeightFormat,
+    format: crate::shapes::gemm::WeightFormat,
     m: u32,
     n: u32,
     k: u32,
@@ -570,7 +583,11 @@ pub(crate) fn hopper_fp8(
 ) -> Option<HopperFp8> {
     let sms = hopper_sms?;
     let fits = k.is_multiple_of(128) && n.is_multiple_of(16);
-    if format != crate::ops::WeightFormat::Fp8Block128 || !quantize || !fits || !crate::ops::fp8_wgmma() {
+    if format != crate::shapes::gemm::WeightFormat::Fp8Block128
+        || !quantize
+        || !fits
+        || !crate::shapes::gemm::fp8_wgmma()
+    {
         return None;
     }
     if m > 32 {
@@ -587,7 +604,7 @@ pub(crate) fn hopper_fp8(
 /// CUDA-core kernel (a row a warp) with the smallest batch tile that holds `m` (m <= 16).
 pub(crate) fn gemm_lowp_kernel(
     hopper_sms: Option<u32>,
-    format: crate::ops::WeightFormat,
+    format: crate::shapes::gemm::WeightFormat,
     m: u32,
     n: u32,
     k: u32,
@@ -603,8 +620,8 @@ pub(crate) fn gemm_lowp_kernel(
         return (format!("di_gemm_fp4q_n{}", decode_cols(m)), 16);
     }
     let f = match format {
-        crate::ops::WeightFormat::Fp8Block128 => "fp8",
-        crate::ops::WeightFormat::Fp4Row32 => "fp4",
+        crate::shapes::gemm::WeightFormat::Fp8Block128 => "fp8",
+        crate::shapes::gemm::WeightFormat::Fp4Row32 => "fp4",
     };
     if uses_tensor_cores(format, m, k, quantize) {
         return (format!("di_gemm_{f}_{}", tc_kernel_suffix(dense_tile(m))), 128);
@@ -657,8 +674,8 @@ fn tc_kernel_suffix(tile: u32) -> String {
 /// 0.35 to 0.48 of the bandwidth floor, while one-row-a-warp shapes with k = 4096 and 8192 (wq_a,
 /// wo_b) lost against the shared-memory kernel (0.13 -> 0.09, 0.36 -> 0.19), so they keep it
 /// (benches/results/2026-11-30-gemm-decode/flat-gemv).
-pub(crate) fn flat_gemv_rows(format: crate::ops::WeightFormat, m: u32, n: u32, k: u32) -> Option<u32> {
-    if m != 1 || format != crate::ops::WeightFormat::Fp8Block128 || !(k == 512 || k == 1024) {
+pub(crate) fn flat_gemv_rows(format: crate::shapes::gemm::WeightFormat, m: u32, n: u32, k: u32) -> Option<u32> {
+    if m != 1 || format != crate::shapes::gemm::WeightFormat::Fp8Block128 || !(k == 512 || k == 1024) {
         return None;
     }
     Some((16 / (k / 512)).min((n / 1056).max(1)))
@@ -671,7 +688,7 @@ pub(crate) enum TcJobs<'a> {
     /// MoE chunks (expert, first row, rows) from a dispatch: at most `capacity` of them, about
     /// `active` of which are live when rows are few; experts' weights `w_stride` / `s_stride` bytes apart.
     /// `settled`: the chunks were complete before the kernel queued before this launch started
-    /// ([`crate::moe::gemm_grouped_settled`]).
+    /// (`moe::gemm_grouped_settled`).
     Grouped {
         chunks: &'a DeviceBuffer<i32>,
         num_chunks: &'a DeviceBuffer<i32>,
@@ -735,7 +752,7 @@ pub(crate) fn rows_fp8(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_tc_launch(
     stream: &Stream,
-    format: crate::ops::WeightFormat,
+    format: crate::shapes::gemm::WeightFormat,
     x: &DeviceBuffer<half::bf16>,
     gather: Option<(&DeviceBuffer<i32>, u32)>,
     w: &DeviceBuffer<u8>,
@@ -756,8 +773,8 @@ pub(crate) fn gemm_tc_launch(
         }
     }
     let f = match format {
-        crate::ops::WeightFormat::Fp8Block128 => "fp8",
-        crate::ops::WeightFormat::Fp4Row32 => "fp4",
+        crate::shapes::gemm::WeightFormat::Fp8Block128 => "fp8",
+        crate::shapes::gemm::WeightFormat::Fp4Row32 => "fp4",
     };
     let (tile, grid_z, live_jobs) = match &jobs {
         TcJobs::Dense => {
@@ -892,7 +909,7 @@ pub(crate) fn gemm_fp8q_launch(
 
 pub(crate) fn gemm_lowp(
     stream: &Stream,
-    format: crate::ops::WeightFormat,
+    format: crate::shapes::gemm::WeightFormat,
     x: &DeviceBuffer<half::bf16>,
     w: &DeviceBuffer<u8>,
     scale: &DeviceBuffer<u8>,
@@ -960,7 +977,7 @@ pub(crate) fn probe_read(stream: &Stream, buf: &DeviceBuffer<u8>, out: &mut Devi
     let (mut b_ptr, _b_sync) = buf.cuda().device_ptr(s);
     let (mut o_ptr, _o_sync) = out.cuda_mut().device_ptr_mut(s);
     let mut n16 = (buf.len() / 16) as u64;
-    let pdl = be.pdl_for(s, crate::ops::pdl());
+    let pdl = be.pdl_for(s, crate::shapes::gemm::pdl());
     let mut pdl_arg = pdl as u32;
     let mut args: [*mut std::ffi::c_void; 4] = [
         (&mut b_ptr as *mut cudarc::driver::sys::CUdeviceptr).cast(),
@@ -1049,7 +1066,7 @@ mod tests {
     /// up to 32 rows, the tiled kernel beyond) exactly where `gemm_lowp` takes the tensor-core path.
     #[test]
     fn gemm_kernel_names_follow_the_launch_path() {
-        use crate::ops::WeightFormat::{Fp4Row32, Fp8Block128};
+        use crate::shapes::gemm::WeightFormat::{Fp4Row32, Fp8Block128};
         for f in [Fp8Block128, Fp4Row32] {
             for m in [1u32, 2, 8, 9, 16, 17, 32, 33, 100, 4096] {
                 for (k, n) in [64u32, 128, 4096].into_iter().flat_map(|k| [(k, 4096u32), (k, 32768)]) {
@@ -1096,7 +1113,7 @@ mod tests {
     /// and the name a grouped GEMM reports follows the same rule.
     #[test]
     fn fp4_stream_grid_and_grouped_names_follow_the_item_count() {
-        use crate::ops::WeightFormat::{Fp4Row32, Fp8Block128};
+        use crate::shapes::gemm::WeightFormat::{Fp4Row32, Fp8Block128};
         let g = |blocks, warps| Some(StreamGrid { blocks, warps });
         assert_eq!(fp4q_stream_grid(None, 132, 8), None);
         assert_eq!(fp4q_stream_grid(Some(132 * 2 - 1), 132, 8), None, "fewer items than two an SM");

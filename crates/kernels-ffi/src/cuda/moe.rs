@@ -5,9 +5,9 @@ use cudarc::driver::{sys, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Stream};
-use crate::moe::{GroupedInput, MoeDispatch, MoeShape, RouteBy, Routed};
-use crate::ops::WeightFormat;
 use crate::params::GemmParams;
+use crate::shapes::gemm::WeightFormat;
+use crate::shapes::moe::{GroupedInput, MoeDispatch, MoeShape, RouteBy, Routed};
 use crate::Result;
 
 use super::launch::{backend, gemm_tc_launch, TcJobs};
@@ -198,10 +198,10 @@ pub(crate) fn router_dispatch(
         return Ok(());
     }
     let (e, pairs) = (shape.experts, shape.pairs() as u32);
-    let one_block = crate::ops::moe_dispatch_small()
+    let one_block = crate::shapes::gemm::moe_dispatch_small()
         && shape.tokens <= ROUTE_DISPATCH_MAX_TOKENS
-        && pairs as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS
-        && e as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS;
+        && pairs as usize <= crate::shapes::moe::DISPATCH_SMALL_MAX_PAIRS
+        && e as usize <= crate::shapes::moe::DISPATCH_SMALL_MAX_PAIRS;
     if !one_block {
         router(stream, x, gate, logits, dim, by, scaling, shape, out)?;
         return dispatch(stream, &out.ids, d);
@@ -338,9 +338,9 @@ pub(crate) fn dispatch(stream: &Stream, ids: &DeviceBuffer<i32>, d: &mut MoeDisp
     let be = backend(stream);
     let (e, pairs) = (d.shape.experts, d.shape.pairs() as u32);
     let cap = MoeDispatch::capacity(d.shape, d.tile);
-    if crate::ops::moe_dispatch_small()
-        && pairs as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS
-        && e as usize <= crate::moe::DISPATCH_SMALL_MAX_PAIRS
+    if crate::shapes::gemm::moe_dispatch_small()
+        && pairs as usize <= crate::shapes::moe::DISPATCH_SMALL_MAX_PAIRS
+        && e as usize <= crate::shapes::moe::DISPATCH_SMALL_MAX_PAIRS
     {
         let f = be.function("moe", "di_moe_dispatch_small")?;
         let mut b = s.launch_builder(&f);
@@ -448,7 +448,7 @@ pub(crate) fn swiglu(
     };
     let (mut rows, mut inter, mut limit, mut q) = (rows, inter, limit, quantize as u32);
     // Programmatic dependent launch only for the early form (without it a plain launch, `pdl` 0).
-    let pdl = be.pdl_for(s, early && crate::ops::pdl());
+    let pdl = be.pdl_for(s, early && crate::shapes::gemm::pdl());
     let mut pdl_arg = pdl as u32;
     let mut args: [*mut std::ffi::c_void; 9] = [
         (&mut gu_ptr as *mut sys::CUdeviceptr).cast(),

@@ -4,7 +4,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::device::{DeviceBuffer, Stream};
-use crate::rows::RowQatKind;
+use crate::shapes::rows::RowQatKind;
 use crate::Result;
 
 use super::launch::backend;

@@ -4,7 +4,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use crate::device::{DeviceBuffer, Stream};
-use crate::sampling::SamplerWorkspace;
+use crate::shapes::sampling::SamplerWorkspace;
 use crate::Result;
 
 use super::launch::backend;

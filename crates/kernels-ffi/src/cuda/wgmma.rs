@@ -37,12 +37,12 @@ const WGMMA_PIPELINED: WgmmaForm = WgmmaForm { kernel: "di_gemm_fp8_wgmma_p", sm
 const WGMMA_PIPELINED_MIN_K: u32 = 2048;
 
 /// The wgmma GEMM form for an [m, k] x: under 256 rows the rows form; otherwise, for k of at least
-/// [`WGMMA_PIPELINED_MIN_K`], the pipelined one (unless [`crate::ops::set_fp8_wgmma_pipelined`]
+/// [`WGMMA_PIPELINED_MIN_K`], the pipelined one (unless [`crate::shapes::gemm::set_fp8_wgmma_pipelined`]
 /// switched it off), else the plain one.
 pub(crate) fn gemm_wgmma_form(m: u32, k: u32) -> WgmmaForm {
     if m < WGMMA_PLAIN.tile.0 {
         WGMMA_ROWS
-    } else if k >= WGMMA_PIPELINED_MIN_K && crate::ops::fp8_wgmma_pipelined() {
+    } else if k >= WGMMA_PIPELINED_MIN_K && crate::shapes::gemm::fp8_wgmma_pipelined() {
         WGMMA_PIPELINED
     } else {
         WGMMA_PLAIN
@@ -134,7 +134,7 @@ fn gemm_wgmma_tiles(form: WgmmaForm, m: u32, n: u32) -> u64 {
 /// split at least two 128-wide k blocks. On the H200 the 64-row shared-expert GEMM ran as 16
 /// blocks on 132 SMs without them.
 pub(crate) fn gemm_wgmma_splits(form: WgmmaForm, m: u32, n: u32, k: u32, sm_count: u32) -> u32 {
-    if !crate::ops::wgmma_split_k() {
+    if !crate::shapes::gemm::wgmma_split_k() {
         return 1;
     }
     let tiles = gemm_wgmma_tiles(form, m, n);
@@ -235,7 +235,7 @@ const GEMM_FP4_WGMMA_OUTPUTS: u32 = 192;
 /// over [experts * n, k / 2] bytes reads them, with every row a 32-bit TMA coordinate; an error
 /// naming `w` otherwise.
 fn fp4_tma_experts(w: &DeviceBuffer<u8>, w_stride: u64, s_stride: u64, p: &crate::params::GemmParams) -> Result<u64> {
-    let (wb, sb) = crate::ops::WeightFormat::Fp4Row32.bytes(p.n as usize, p.k as usize);
+    let (wb, sb) = crate::shapes::gemm::WeightFormat::Fp4Row32.bytes(p.n as usize, p.k as usize);
     if w_stride != wb as u64 || s_stride != sb as u64 {
         return Err(crate::FfiError::shape("gemm_grouped", "w", "experts' FP4 matrices must be packed back to back"));
     }
@@ -367,7 +367,7 @@ const FP4_DEC_PRE_SLOTS: u32 = 2;
 /// The grouped FP4 decode GEMM on Hopper's FP8 tensor cores (`di_gemm_fp4q_wg_n{8,16}`): persistent
 /// blocks over (chunk, 64-row tile) items, each rounding its chunks' x rows (through `gather`) to
 /// e4m3 in shared memory itself, so the op is one launch, with programmatic dependent launch unless
-/// switched off ([`crate::ops::set_pdl`]). The caller checked x, every expert's w and scale, y [p.m,
+/// switched off ([`crate::shapes::gemm::set_pdl`]). The caller checked x, every expert's w and scale, y [p.m,
 /// n], chunks of up to 16 rows, activation quantisation, k % 128 == 0, n % 64 == 0, that the
 /// shared memory fits (`fp4q_wg_blocks_per_sm` > 0) and that the GPU is sm_90.
 #[allow(clippy::too_many_arguments)]
@@ -410,9 +410,9 @@ pub(crate) fn gemm_fp4q_wg_launch(
     let (mut c_ptr, _c_sync) = chunks.cuda().device_ptr(s);
     let (mut nc_ptr, _nc_sync) = num_chunks.cuda().device_ptr(s);
     let (mut n, mut k) = (p.n, p.k);
-    let pdl = be.pdl_for(s, crate::ops::pdl());
+    let pdl = be.pdl_for(s, crate::shapes::gemm::pdl());
     let mut pdl_arg = pdl as u32;
-    let mut pre = match crate::ops::fp4_dec_pre() {
+    let mut pre = match crate::shapes::gemm::fp4_dec_pre() {
         0 => FP4_DEC_PRE_SLOTS,
         forced => forced,
     };
@@ -549,7 +549,7 @@ mod tests {
         assert_eq!(gemm_wgmma_form(255, 8192), WGMMA_ROWS);
         assert_eq!(gemm_wgmma_form(4096, 1024), WGMMA_PLAIN);
         assert_eq!(gemm_wgmma_form(4096, 2047), WGMMA_PLAIN);
-        let on = crate::ops::fp8_wgmma_pipelined();
+        let on = crate::shapes::gemm::fp8_wgmma_pipelined();
         assert_eq!(gemm_wgmma_form(256, 2048), if on { WGMMA_PIPELINED } else { WGMMA_PLAIN });
         assert_eq!(gemm_wgmma_form(16384, 8192), if on { WGMMA_PIPELINED } else { WGMMA_PLAIN });
     }
@@ -613,7 +613,7 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
     let tokens = super::launch::decode_cols(m);
     let (rb, nk) = (n.div_ceil(128), k / 128);
     let wide = 8 * rb >= 7 * sms;
-    let per = match crate::ops::fp8_dec_per() {
+    let per = match crate::shapes::gemm::fp8_dec_per() {
         0 if wide => nk,
         0 => (nk * rb).div_ceil(2 * sms).max(DEC_MIN_PER).min(nk),
         forced => forced.min(nk),
@@ -621,7 +621,7 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
     let splits = nk.div_ceil(per);
     // The outputs (128 x tokens fp32) reuse the ring once the MMAs are done.
     let smem = |stages: u32| 1024 + stages * 16384 + per * tokens * 128 + per * tokens * 4 + 2 * stages * 8;
-    let stages = match crate::ops::fp8_dec_stages() {
+    let stages = match crate::shapes::gemm::fp8_dec_stages() {
         0 if rb * splits > sms => {
             let want = if tokens == 8 { 6 } else { 4 };
             (1..=per.min(want)).rev().find(|s| smem(*s) <= DEC_SMEM_TWO_A_SM).unwrap_or(1)
@@ -630,7 +630,7 @@ pub(crate) fn dec_plan(m: u32, n: u32, k: u32, sms: u32) -> Option<DecPlan> {
         forced => per.min(forced),
     };
     let smem = smem(stages);
-    let pre = match crate::ops::fp8_dec_pre() {
+    let pre = match crate::shapes::gemm::fp8_dec_pre() {
         0 => DEC_PRE_TILES,
         forced => forced,
     };
@@ -654,12 +654,12 @@ pub(crate) fn dec_kernel(be: &super::CudaBackend, plan: DecPlan, n: u32) -> Resu
 
 /// Blocks per cluster (along y) the decode GEMM `f` launched as `cfg` (`dec_kernel`) runs in: with
 /// 2 to 16 k splits, the splits of each row block as one cluster, adding each other's partials
-/// from shared memory, where the knob allows ([`crate::ops::set_fp8_dec_cluster`]) and every
+/// from shared memory, where the knob allows ([`crate::shapes::gemm::set_fp8_dec_cluster`]) and every
 /// cluster of the grid fits on the GPU at once (else clusters would wait for a second wave); else
 /// 1, none (one split, or the partials go through the stream's split scratch).
 pub(crate) fn dec_cluster(be: &super::CudaBackend, f: &CudaFunction, cfg: LaunchConfig) -> Result<u32> {
     let (rb, splits) = (cfg.grid_dim.0, cfg.grid_dim.1);
-    if !crate::ops::fp8_dec_cluster() || !(2..=DEC_CLUSTER_MAX).contains(&splits) {
+    if !crate::shapes::gemm::fp8_dec_cluster() || !(2..=DEC_CLUSTER_MAX).contains(&splits) {
         return Ok(1);
     }
     let room = be.max_active_clusters(f, cfg, splits)?;
@@ -678,7 +678,7 @@ pub(crate) enum DecX<'a> {
 /// the blocks quantise x themselves (or copy it already quantised: [`DecX`]), and with several
 /// splits add their partials inside the launch (`dec_cluster`: in the cluster's shared memory, or
 /// through the stream's split scratch). Launched with programmatic dependent launch unless switched
-/// off ([`crate::ops::set_pdl`]). The caller checked x [m, k] (or its codes [m, k] and scales [m, k
+/// off ([`crate::shapes::gemm::set_pdl`]). The caller checked x [m, k] (or its codes [m, k] and scales [m, k
 /// / 128]), w [n, k], scale, y [m, n] and that the GPU is sm_90 with `plan` from `dec_plan`.
 pub(crate) fn gemm_fp8_dec_launch(
     stream: &Stream,
@@ -713,7 +713,7 @@ pub(crate) fn gemm_fp8_dec_launch(
         let (mut y_ptr, _y_sync) = y.cuda_mut().device_ptr_mut(s);
         let (mut part, mut counters) = (part, counters);
         let (mut m, mut n, mut k, mut stages, mut per) = (p.m, p.n, p.k, plan.stages, plan.per);
-        let pdl = be.pdl_for(s, crate::ops::pdl());
+        let pdl = be.pdl_for(s, crate::shapes::gemm::pdl());
         let (mut pdl_arg, mut pre, mut split_cluster) = (pdl as u32, plan.pre, cluster);
         let mut args: [*mut std::ffi::c_void; 16] = [
             (&mut map_w as *mut TmaMap).cast(),
