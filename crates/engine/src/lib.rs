@@ -13,6 +13,7 @@ pub mod device_model;
 pub mod engine;
 pub mod forward;
 pub mod model;
+pub mod mtp;
 pub mod parity;
 pub mod quant;
 pub mod sampler;

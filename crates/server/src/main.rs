@@ -4,6 +4,7 @@
 mod api_request;
 mod bench;
 mod bench_serve;
+mod bench_spec;
 mod check_parity;
 mod doctor;
 mod generate;
@@ -38,6 +39,9 @@ enum Command {
     /// Benchmark a running server over HTTP (trace, Poisson or burst arrivals): TTFT, ITL, TPOT,
     /// goodput, and every request accounted for; prints JSON.
     BenchServe(bench_serve::Args),
+    /// How many MTP drafts greedy verification keeps, for fixed draft lengths (tokens per target
+    /// forward; acceptance only, not speed); prints JSON.
+    BenchSpec(bench_spec::Args),
     /// Report the build accelerator, embedded kernels, driver, GPUs and loaded CUDA libraries.
     Doctor,
     /// Compare the CPU model with a fixture's reference logits; prints JSON, exits 0 only within tolerance.
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchServe(a) => bench_serve::run(a),
+        Command::BenchSpec(a) => bench_spec::run(a),
         Command::CheckParity(a) => check_parity::run(a),
         Command::Kv(c) => kv_cmd::run(c),
         Command::Simulate(a) => simulate::run(a),

@@ -549,6 +549,18 @@ impl Model {
         state: &mut SequenceState,
         numerics: Numerics,
     ) -> Result<Vec<f32>, ModelError> {
+        Ok(self.mtp_forward_out(streams, next, state, numerics)?.logits)
+    }
+
+    /// [`Model::mtp_forward`] with the MTP block's output streams [T, hc, D] too: applied
+    /// autoregressively, as DeepSeek drafts with it, a draft's streams are the next row's input.
+    pub fn mtp_forward_out(
+        &self,
+        streams: &[f32],
+        next: &[u32],
+        state: &mut SequenceState,
+        numerics: Numerics,
+    ) -> Result<SeqOutput, ModelError> {
         let m =
             self.mtp.first().ok_or(ModelError::Input { field: "mtp", problem: "the model has no MTP layer".into() })?;
         self.check_tokens(next)?;
@@ -584,6 +596,6 @@ impl Model {
         let mut states: Vec<&mut AttentionState> = state.layers.iter_mut().take(1).collect();
         self.run_block(&m.block, &mut x, &b, &mut states, numerics, &mut None, self.blocks.len())?;
         state.len += t;
-        Ok(self.finish(&x, &b, &m.hc_head, &m.norm).remove(0).logits)
+        Ok(self.finish(&x, &b, &m.hc_head, &m.norm).remove(0))
     }
 }

@@ -1,0 +1,63 @@
+//! The MTP drafter on the reference model: its first draft is the MTP head's prediction over the
+//! whole sequence at once (the cache it keeps equals a full run), autoregressive drafts leave the
+//! cache untouched, and greedy speculation's step count is consistent.
+
+use std::path::PathBuf;
+
+use deepinfer_engine::model::{Model, Numerics};
+use deepinfer_engine::mtp::{greedy_acceptance, greedy_with_streams, MtpDrafter};
+use deepinfer_spec::Drafter;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny_v4").join(name)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
+        as u32
+}
+
+#[test]
+fn first_drafts_equal_the_mtp_head_over_the_whole_sequence() {
+    let m = Model::load(&fixture("real")).unwrap();
+    let n = Numerics::Reference;
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 37 + 5) % 200 + 3).collect();
+    let (tokens, streams) = greedy_with_streams(&m, &prompt, 12, n).unwrap();
+    assert_eq!(tokens.len(), 32);
+    let w = m.config().hc_mult * m.config().hidden_size;
+    assert_eq!(streams.len(), 31 * w);
+    // The MTP head over every row at once: row t predicts token t + 2.
+    let mut st = m.new_mtp_state();
+    let all = m.mtp_forward(&streams, &tokens[1..], &mut st, n).unwrap();
+    let v = m.config().vocab_size;
+    let mut d = MtpDrafter::new(&m, n).unwrap();
+    d.observe(7, &streams).unwrap();
+    for len in 21..32 {
+        let draft = d.draft(7, &tokens[..len], 3).unwrap();
+        assert_eq!(draft.tokens.len(), 3);
+        let row = len - 2;
+        assert_eq!(draft.tokens[0], argmax(&all[row * v..(row + 1) * v]), "len {len}");
+        let c = draft.confidence();
+        assert!(c.iter().all(|p| (0.0..=1.0).contains(p) && *p > 0.0), "{c:?}");
+    }
+    // A sequence it never observed, or cut back before what it took, drafts nothing.
+    assert!(d.draft(8, &tokens[..25], 2).unwrap().tokens.is_empty());
+    d.rollback(7, 10);
+    assert!(d.draft(7, &tokens[..11], 2).unwrap().tokens.is_empty());
+}
+
+#[test]
+fn greedy_speculation_counts_steps_and_drafts_consistently() {
+    let m = Model::load(&fixture("real")).unwrap();
+    let n = Numerics::Reference;
+    let prompt: Vec<u32> = (0..16u32).map(|i| (i * 11 + 2) % 200 + 3).collect();
+    let (tokens, streams) = greedy_with_streams(&m, &prompt, 24, n).unwrap();
+    let plain = greedy_acceptance(&m, &tokens, &streams, prompt.len(), 0, n).unwrap();
+    assert_eq!((plain.steps, plain.tokens, plain.drafted), (24, 24, 0));
+    for k in 1..=4 {
+        let a = greedy_acceptance(&m, &tokens, &streams, prompt.len(), k, n).unwrap();
+        assert_eq!(a.tokens, 24, "k {k}: every continuation token emitted once");
+        assert!(a.accepted <= a.drafted && a.drafted <= k * a.steps, "{a:?}");
+        assert_eq!(a.steps + a.accepted, a.tokens, "each step emits its accepted drafts plus one: {a:?}");
+    }
+}
