@@ -46,7 +46,10 @@ fn softmax(row: &[f32]) -> Vec<f32> {
 impl<'m> MtpDrafter<'m> {
     pub fn new(model: &'m Model, numerics: Numerics) -> Result<MtpDrafter<'m>, ModelError> {
         if model.config().num_mtp_layers == 0 {
-            return Err(ModelError::Input { field: "model", problem: "the checkpoint has no MTP layer to draft with".into() });
+            return Err(ModelError::Input {
+                field: "model",
+                problem: "the checkpoint has no MTP layer to draft with".into(),
+            });
         }
         Ok(MtpDrafter { model, numerics, seqs: HashMap::new() })
     }

@@ -57,7 +57,9 @@ const PROMPTS: &[&str] = &[
 pub fn run(a: Args) -> Result<ExitCode> {
     let dir = match &a.model {
         Some(d) => d.clone(),
-        None => crate::setup::shipped_model().context("the built-in trained model is not in this checkout; pass --model")?,
+        None => {
+            crate::setup::shipped_model().context("the built-in trained model is not in this checkout; pass --model")?
+        }
     };
     if a.new_tokens < 2 {
         bail!("--new-tokens {}: at least 2 (a draft needs a token after it)", a.new_tokens);

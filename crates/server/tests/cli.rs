@@ -308,3 +308,28 @@ fn random_model_names_bad_flags() {
         assert!(!o.status.success() && err.contains(field), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn bench_spec_reports_draft_acceptance_and_names_bad_flags() {
+    let dir = std::env::temp_dir().join(format!("bench-spec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = dir.join("prompts.txt");
+    std::fs::write(&prompts, "The SQLite database engine stores\n\ndef add(a, b):\\n    \n").unwrap();
+    let out = deepinfer(&["bench-spec", "--k", "1,3", "--new-tokens", "12", "--prompts", prompts.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prompts"], 2);
+    let rows = v["fixed_k"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["tokens"], 24, "{r}");
+        let tps = r["tokens_per_step"].as_f64().unwrap();
+        assert!((1.0..=1.0 + r["k"].as_f64().unwrap()).contains(&tps), "{r}");
+        let rate = r["draft_acceptance_rate"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&rate), "{r}");
+    }
+    let bad = deepinfer(&["bench-spec", "--new-tokens", "1"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--new-tokens"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
