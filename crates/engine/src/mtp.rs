@@ -61,7 +61,7 @@ impl<'m> MtpDrafter<'m> {
     /// The target computed the next positions of `seq` (its final streams [n, hc, D], in
     /// order, continuing what was observed before; the first call starts at position 0).
     pub fn observe(&mut self, seq: u64, streams: &[f32]) -> Result<(), ModelError> {
-        if streams.len() % self.row_width() != 0 {
+        if !streams.len().is_multiple_of(self.row_width()) {
             return Err(ModelError::Input {
                 field: "streams",
                 problem: format!("{} values is not a whole number of {}-wide rows", streams.len(), self.row_width()),
