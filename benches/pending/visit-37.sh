@@ -44,6 +44,12 @@
 # Next visit (written 2026-12-07 after the third): rerun "ours" with the scheduler fix and the
 # device-cache block count; predictions: batch 64 at 4k context ~2.5k tok/s (the host side of the
 # step dominates as at 512), batch 256 ~3-4k tok/s; batch 1 and 64 at 512 as in visit 3.
+# Fourth visit (written 2026-12-07, session 48, before it ran): also issue #42's GPU parity re-run after
+# kernels-ffi's shapes, switches and dispatch decisions moved to src/shapes/ (no behaviour change).
+# Build the "tests" part with every GPU test: `cargo xtask gpu-bundle --only
+# gpu_parity,gpu_attention,gpu_moe,gpu_compressor,gpu_hc,gpu_rows,gpu_sampling,gpu_device_model`
+# (split into part-N folders if over the carry limit: one device call each). Prediction: every test
+# passes as in the last final check (2026-12-04-final-check-17), gpu_batch_invariance still fails.
 set -u
 out=${1:?}
 parts=${2:-tests ours peer}
