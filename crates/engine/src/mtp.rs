@@ -22,13 +22,17 @@ struct MtpSeq {
     pending: Vec<f32>,
 }
 
-/// Drafts with the checkpoint's first MTP layer on the CPU model. Drafts are greedy (each the
-/// MTP head's most likely token); `dists` hold the head's softmax, so a draft's confidence is its
-/// probability under the head.
+/// Drafts with the checkpoint's first MTP layer on the CPU model. By default drafts are greedy
+/// (each the MTP head's most likely token, for greedy verification) and `dists` hold the head's
+/// softmax, so a draft's confidence is its probability under the head. With
+/// [`MtpDrafter::sampling`] each draft is drawn from softmax(logits / temperature), which `dists`
+/// then hold, as [`deepinfer_spec::verify_sampled`] requires.
 pub struct MtpDrafter<'m> {
     model: &'m Model,
     numerics: Numerics,
     seqs: HashMap<u64, MtpSeq>,
+    /// (temperature, seed) of sampled drafts; None: greedy.
+    sampling: Option<(f32, u64)>,
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -36,9 +40,10 @@ fn argmax(row: &[f32]) -> u32 {
         as u32
 }
 
-fn softmax(row: &[f32]) -> Vec<f32> {
+fn softmax(row: &[f32], temperature: f32) -> Vec<f32> {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f64> = row.iter().map(|&x| ((x - m) as f64).exp()).collect();
+    let t = temperature as f64;
+    let e: Vec<f64> = row.iter().map(|&x| ((x - m) as f64 / t).exp()).collect();
     let s: f64 = e.iter().sum();
     e.iter().map(|x| (x / s) as f32).collect()
 }
@@ -51,7 +56,17 @@ impl<'m> MtpDrafter<'m> {
                 problem: "the checkpoint has no MTP layer to draft with".into(),
             });
         }
-        Ok(MtpDrafter { model, numerics, seqs: HashMap::new() })
+        Ok(MtpDrafter { model, numerics, seqs: HashMap::new(), sampling: None })
+    }
+
+    /// Draw drafts at `temperature` (> 0) on uniforms keyed by (`seed`, position), so the same
+    /// seed drafts the same tokens in any batch.
+    pub fn sampling(mut self, temperature: f32, seed: u64) -> Result<Self, ModelError> {
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(ModelError::Input { field: "temperature", problem: format!("{temperature} (must be > 0)") });
+        }
+        self.sampling = Some((temperature, seed));
+        Ok(self)
     }
 
     fn row_width(&self) -> usize {
@@ -98,9 +113,18 @@ impl<'m> MtpDrafter<'m> {
         let mut chain = s.state.clone();
         let mut draft = Draft::default();
         loop {
-            let t = argmax(&logits);
+            let (t, dist) = match self.sampling {
+                None => (argmax(&logits), softmax(&logits, 1.0)),
+                Some((temp, seed)) => {
+                    let dist = softmax(&logits, temp);
+                    let w: Vec<f64> = dist.iter().map(|&x| x as f64).collect();
+                    let at = (context.len() + draft.tokens.len()) as u64;
+                    let u = deepinfer_spec::rng::uniform(seed, at, deepinfer_spec::rng::LANE_DRAFT);
+                    (deepinfer_spec::rng::draw(&w, u).unwrap_or(0) as u32, dist)
+                }
+            };
             draft.tokens.push(t);
-            draft.dists.push(softmax(&logits));
+            draft.dists.push(dist);
             if draft.tokens.len() == k {
                 return Ok(draft);
             }

@@ -61,3 +61,34 @@ fn greedy_speculation_counts_steps_and_drafts_consistently() {
         assert_eq!(a.steps + a.accepted, a.tokens, "each step emits its accepted drafts plus one: {a:?}");
     }
 }
+
+#[test]
+fn sampled_drafts_come_from_their_distributions_and_reproduce() {
+    let m = Model::load(&fixture("real")).unwrap();
+    let n = Numerics::Reference;
+    let prompt: Vec<u32> = (0..18u32).map(|i| (i * 23 + 9) % 200 + 3).collect();
+    let (tokens, streams) = greedy_with_streams(&m, &prompt, 6, n).unwrap();
+    let run = |temp: f32, seed: u64| {
+        let mut d = MtpDrafter::new(&m, n).unwrap().sampling(temp, seed).unwrap();
+        d.observe(1, &streams).unwrap();
+        d.draft(1, &tokens[..20], 4).unwrap()
+    };
+    let a = run(1.0, 5);
+    assert_eq!(a, run(1.0, 5), "a seed drafts the same tokens");
+    assert_eq!(a.tokens.len(), 4);
+    for (t, dist) in a.tokens.iter().zip(&a.dists) {
+        assert!(dist[*t as usize] > 0.0);
+        assert!((dist.iter().map(|&x| x as f64).sum::<f64>() - 1.0).abs() < 1e-4);
+    }
+    // Usable for sampled verification as they are.
+    let q: Vec<&[f32]> = a.dists.iter().map(|d| d.as_slice()).collect();
+    let p: Vec<&[f32]> = a.dists.iter().chain(std::iter::once(&a.dists[0])).map(|d| d.as_slice()).collect();
+    let v = deepinfer_spec::verify_sampled(&a.tokens, &q, &p, 5, 20).unwrap();
+    assert_eq!(v.accepted, 4, "drafts judged against their own distributions all stand");
+    // Seeds differ somewhere over a few tries; a near-zero temperature is the greedy draft.
+    assert!((0..8).any(|s| run(1.0, s).tokens != a.tokens));
+    let mut greedy = MtpDrafter::new(&m, n).unwrap();
+    greedy.observe(1, &streams).unwrap();
+    assert_eq!(run(1e-4, 3).tokens, greedy.draft(1, &tokens[..20], 4).unwrap().tokens);
+    assert!(MtpDrafter::new(&m, n).unwrap().sampling(0.0, 1).is_err());
+}

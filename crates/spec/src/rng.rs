@@ -9,6 +9,8 @@ pub const LANE_ACCEPT: u64 = 1;
 pub const LANE_RESIDUAL: u64 = 2;
 /// The lane of the draw from the target after every draft was accepted.
 pub const LANE_BONUS: u64 = 3;
+/// The lane a sampling drafter draws its draft at a position from.
+pub const LANE_DRAFT: u64 = 4;
 
 fn mix(mut z: u64) -> u64 {
     // splitmix64's finaliser.
