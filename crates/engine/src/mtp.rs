@@ -206,24 +206,41 @@ pub fn greedy_acceptance(
     k: usize,
     numerics: Numerics,
 ) -> Result<Acceptance, ModelError> {
+    Ok(greedy_acceptance_with(model, tokens, streams, prompt_len, k, numerics, &mut |d| d.tokens.len())?.0)
+}
+
+/// [`greedy_acceptance`] drafting up to `max_k` a step and verifying the first `choose(draft)` of
+/// them (confidence scheduling); also returns the drafts verified at each step after the first.
+pub fn greedy_acceptance_with(
+    model: &Model,
+    tokens: &[u32],
+    streams: &[f32],
+    prompt_len: usize,
+    max_k: usize,
+    numerics: Numerics,
+    choose: &mut dyn FnMut(&Draft) -> usize,
+) -> Result<(Acceptance, Vec<usize>), ModelError> {
     let mut d = MtpDrafter::new(model, numerics)?;
     d.observe(0, streams)?;
     // The first target forward (the prompt) emits token prompt_len; each later step verifies
     // drafts after the tokens so far.
     let mut len = prompt_len + 1;
-    let mut acc = Acceptance { k, steps: 1, tokens: 1, drafted: 0, accepted: 0 };
+    let mut acc = Acceptance { k: max_k, steps: 1, tokens: 1, drafted: 0, accepted: 0 };
+    let mut lengths = Vec::new();
     while len < tokens.len() {
         let room = tokens.len() - len;
-        let draft = d.draft(0, &tokens[..len], k.min(room.saturating_sub(1)))?;
-        let mut argmax: Vec<u32> = tokens[len..len + draft.tokens.len() + 1].to_vec();
-        argmax.truncate(draft.tokens.len() + 1);
-        let verdict = deepinfer_spec::verify_greedy(&draft.tokens, &argmax)
+        let full = d.draft(0, &tokens[..len], max_k.min(room.saturating_sub(1)))?;
+        let k = choose(&full).min(full.tokens.len());
+        let draft = full.truncated(k);
+        let argmax = &tokens[len..len + k + 1];
+        let verdict = deepinfer_spec::verify_greedy(&draft.tokens, argmax)
             .map_err(|e| ModelError::Input { field: "drafts", problem: e.to_string() })?;
         acc.steps += 1;
-        acc.drafted += draft.tokens.len();
+        acc.drafted += k;
         acc.accepted += verdict.accepted;
         acc.tokens += verdict.accepted + 1;
         len += verdict.accepted + 1;
+        lengths.push(k);
     }
-    Ok(acc)
+    Ok((acc, lengths))
 }

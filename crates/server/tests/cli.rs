@@ -328,6 +328,10 @@ fn bench_spec_reports_draft_acceptance_and_names_bad_flags() {
         let rate = r["draft_acceptance_rate"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&rate), "{r}");
     }
+    let c = &v["confidence_scheduled"];
+    assert_eq!(c["tokens"], 24, "{c}");
+    assert!(c["est_tokens_per_s"].as_f64().unwrap() > 0.0, "{c}");
+    assert_eq!(v["step_cost_s"].as_array().unwrap().len(), 4, "1..=k+1 tokens for k up to 3");
     let bad = deepinfer(&["bench-spec", "--new-tokens", "1"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--new-tokens"));
