@@ -36,8 +36,7 @@ pub struct MtpDrafter<'m> {
 }
 
 fn argmax(row: &[f32]) -> u32 {
-    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
-        as u32
+    crate::sampler::argmax(row) as u32
 }
 
 fn softmax(row: &[f32], temperature: f32) -> Vec<f32> {

@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::model::{Model, ModelError, Numerics};
+use crate::sampler::argmax;
 
 /// Logit tolerance, absolute. The reference ran in f32 on the same dequantised weights; logits are
 /// O(5), so summation-order differences stay ~1e-6 (MODEL_V4.md §14.3 expects about 1e-5); 1e-4
@@ -57,10 +58,6 @@ fn max_abs(a: &[f32], b: &[f32]) -> f64 {
             m.max(d)
         }
     })
-}
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, v)| if *v > bv { (i, *v) } else { (bi, bv) }).0
 }
 
 /// Run the checks. `prefill` overrides the prefill length of the cached run (default: meta.json's

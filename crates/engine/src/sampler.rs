@@ -93,6 +93,11 @@ pub struct Sample {
 /// which a device sampler reproduces).
 pub use deepinfer_kernels_ffi::cpu::sampling::uniform;
 
+/// The index of the largest value, the lowest one on ties (-inf everywhere: 0).
+pub fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
+}
+
 /// Sample from `logits` for the token at `position` of a request that has produced `history`.
 /// `allowed`, when given, masks tokens (structured output); an all-false mask is an error.
 pub fn sample(

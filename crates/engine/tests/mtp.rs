@@ -13,8 +13,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn argmax(row: &[f32]) -> u32 {
-    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
-        as u32
+    deepinfer_engine::sampler::argmax(row) as u32
 }
 
 #[test]

@@ -11,7 +11,6 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use deepinfer_engine::model::{Model, Numerics};
 use deepinfer_engine::mtp::{greedy_acceptance_with, greedy_with_streams, Acceptance};
-use deepinfer_recipe::DeepseekTokenizer;
 use deepinfer_spec::{choose_lengths, StepCost};
 use serde_json::json;
 
@@ -66,10 +65,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         bail!("--new-tokens {}: at least 2 (a draft needs a token after it)", a.new_tokens);
     }
     let model = Model::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
-    let tok = match dir.join("tokenizer.json") {
-        p if p.is_file() => DeepseekTokenizer::from_file(&p)?,
-        _ => DeepseekTokenizer::builtin()?,
-    };
+    let tok = crate::setup::tokenizer_for(&dir)?;
     let texts: Vec<String> = match &a.prompts {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("--prompts {}", f.display()))?

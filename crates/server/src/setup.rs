@@ -163,6 +163,14 @@ fn load_device_model(
     Ok((m, kvc.max_len))
 }
 
+/// The model directory's `tokenizer.json`, else the built-in DeepSeek V4 tokenizer.
+pub fn tokenizer_for(dir: &std::path::Path) -> Result<DeepseekTokenizer> {
+    Ok(match dir.join("tokenizer.json") {
+        p if p.is_file() => DeepseekTokenizer::from_file(&p)?,
+        _ => DeepseekTokenizer::builtin()?,
+    })
+}
+
 pub fn load(a: &EngineArgs) -> Result<Loaded> {
     let gpu = gpu_of(a)?;
     let t0 = Instant::now();
@@ -196,10 +204,7 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
             (Arc::new(m), max_len)
         }
     };
-    let tok = match dir.join("tokenizer.json") {
-        p if p.is_file() => DeepseekTokenizer::from_file(&p)?,
-        _ => DeepseekTokenizer::builtin()?,
-    };
+    let tok = tokenizer_for(&dir)?;
     let mut cfg = EngineConfig {
         token_budget: a.token_budget,
         max_running: a.max_running,

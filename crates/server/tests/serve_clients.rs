@@ -163,36 +163,11 @@ fn bench_serve_replays_both_trace_formats_and_accounts_for_every_request() {
     let srv = Server::start(&["--default-thinking", "off", "--max-queued", "2", "--max-running", "2"]);
     // Mooncake (512-token prefix blocks scaled to 64), two in flight, then again one at a time.
     let mooncake = trace("mooncake_conversation_64.jsonl");
-    let r = bench_serve(
-        &srv,
-        &[
-            "--trace",
-            &mooncake,
-            "--num-requests",
-            "6",
-            "--token-scale",
-            "0.125",
-            "--max-output-len",
-            "4",
-            "--max-concurrency",
-            "2",
-        ],
-    );
-    let r2 = bench_serve(
-        &srv,
-        &[
-            "--trace",
-            &mooncake,
-            "--num-requests",
-            "6",
-            "--token-scale",
-            "0.125",
-            "--max-output-len",
-            "4",
-            "--max-concurrency",
-            "1",
-        ],
-    );
+    let pass = |concurrency: &str| {
+        let args = ["--trace", &mooncake, "--num-requests", "6", "--token-scale", "0.125", "--max-output-len", "4"];
+        bench_serve(&srv, &[&args[..], &["--max-concurrency", concurrency]].concat())
+    };
+    let (r, r2) = (pass("2"), pass("1"));
     for r in [&r, &r2] {
         assert_eq!(r["completed"], 6, "{r}");
         assert_eq!((r["lost"].as_u64(), r["failed"].as_u64()), (Some(0), Some(0)), "{r}");
