@@ -11,6 +11,7 @@ use deepinfer_kv::{KvError, KvLayout};
 use crate::config::ModelConfig;
 use crate::device_model::{DeviceModel, DeviceSeq};
 use crate::model::{LogitRows, Model, ModelError, Numerics, SequenceState};
+use crate::mtp::MtpDrafter;
 
 /// What a model's per-sequence state must offer the engine.
 pub trait StateKind: Any + Send {
@@ -77,6 +78,40 @@ pub trait ForwardModel: Send + Sync {
     }
     /// A state holding `blocks` (consecutive from the start) whose next token is `replay_from`.
     fn restore_state(&self, blocks: &[&[u8]], block_tokens: usize, replay_from: usize) -> Result<SeqState, ModelError>;
+
+    /// Speculative decoding's view of the model: a drafter and a forward returning several logit
+    /// rows per sequence plus the streams the drafter reads. None where the model has neither
+    /// (the engine then decodes without speculation and says so once).
+    fn speculation(&self) -> Option<&dyn SpecModel> {
+        None
+    }
+}
+
+/// What speculative steps need of a model beyond [`ForwardModel`].
+pub trait SpecModel: Send + Sync {
+    /// A new drafter over this model.
+    fn drafter(&self) -> Result<Box<dyn StreamDrafter + '_>, ModelError>;
+    /// Logits of each sequence's last `tails[i]` new rows ([tail, vocab], flattened) and its
+    /// final streams for every new row ([T, hc, D]).
+    fn forward_tails(
+        &self,
+        batch: &mut [(&[u32], &mut SeqState)],
+        tails: &[usize],
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError>;
+    /// An independent copy of a state (a verification runs on the copy; the original stays as the
+    /// rollback point when drafts are rejected).
+    fn snapshot(&self, st: &SeqState) -> Result<SeqState, ModelError>;
+    /// Width of one row of streams (hc · hidden).
+    fn stream_width(&self) -> usize;
+}
+
+/// A drafter fed by the target's final streams.
+pub trait StreamDrafter: deepinfer_spec::Drafter<Error = ModelError> + Send {
+    /// The target computed positions `at .. at + rows` of `seq` (their final streams, [rows, hc, D]).
+    /// Rows it holds already are skipped; a gap starts the sequence afresh at `at`.
+    fn observe_at(&mut self, seq: u64, at: usize, streams: &[f32]) -> Result<(), ModelError>;
+    /// Drop everything held for `seq` (it finished).
+    fn forget(&mut self, seq: u64);
 }
 
 fn wrong_state() -> ModelError {
@@ -136,6 +171,31 @@ impl ForwardModel for Model {
     }
     fn restore_state(&self, blocks: &[&[u8]], block_tokens: usize, replay_from: usize) -> Result<SeqState, ModelError> {
         Ok(SeqState::new(Model::restore_state(self, blocks, block_tokens, replay_from)?))
+    }
+    fn speculation(&self) -> Option<&dyn SpecModel> {
+        (self.config().num_mtp_layers > 0).then_some(self as &dyn SpecModel)
+    }
+}
+
+impl SpecModel for Model {
+    fn drafter(&self) -> Result<Box<dyn StreamDrafter + '_>, ModelError> {
+        Ok(Box::new(MtpDrafter::new(self, Numerics::Reference)?))
+    }
+    fn forward_tails(
+        &self,
+        batch: &mut [(&[u32], &mut SeqState)],
+        tails: &[usize],
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
+        let mut own = own_states::<SequenceState>(batch)?;
+        let mut b: Vec<(&[u32], &mut SequenceState)> = own.iter_mut().map(|(t, s)| (*t, &mut **s)).collect();
+        let outs = Model::forward_tails(self, &mut b, Numerics::Reference, tails)?;
+        Ok(outs.into_iter().map(|o| (o.logits, o.streams)).collect())
+    }
+    fn snapshot(&self, st: &SeqState) -> Result<SeqState, ModelError> {
+        Ok(SeqState::new(st.get::<SequenceState>().ok_or_else(wrong_state)?.clone()))
+    }
+    fn stream_width(&self) -> usize {
+        self.config().hc_mult * self.config().hidden_size
     }
 }
 

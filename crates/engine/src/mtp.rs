@@ -87,6 +87,31 @@ impl<'m> MtpDrafter<'m> {
         Ok(())
     }
 
+    /// [`MtpDrafter::observe`] for rows starting at absolute position `at`: rows already held are
+    /// skipped, and a sequence first seen (or seen after a gap) starts there with an empty MTP
+    /// cache (a prefix-cache hit's cached positions were never computed here: the first drafts
+    /// then attend to fewer rows, which costs acceptance, never correctness).
+    pub fn observe_at(&mut self, seq: u64, at: usize, streams: &[f32]) -> Result<(), ModelError> {
+        let w = self.row_width();
+        if !streams.len().is_multiple_of(w) {
+            return self.observe(seq, streams); // the same error
+        }
+        let rows = streams.len() / w;
+        let held = self.seqs.get(&seq).map(|s| s.state.len + s.pending.len() / w);
+        match held {
+            Some(h) if at <= h => {
+                let skip = (h - at).min(rows);
+                self.observe(seq, &streams[skip * w..])
+            }
+            _ => {
+                let mut state = self.model.new_mtp_state();
+                state.len = at;
+                self.seqs.insert(seq, MtpSeq { state, pending: streams.to_vec() });
+                Ok(())
+            }
+        }
+    }
+
     fn try_draft(&mut self, seq: u64, context: &[u32], k: usize) -> Result<Draft, ModelError> {
         let w = self.row_width();
         let (model, numerics) = (self.model, self.numerics);
@@ -147,6 +172,15 @@ impl Drafter for MtpDrafter<'_> {
         if self.seqs.get(&seq).is_some_and(|s| s.state.len + 1 > len) {
             self.seqs.remove(&seq);
         }
+    }
+}
+
+impl crate::forward::StreamDrafter for MtpDrafter<'_> {
+    fn observe_at(&mut self, seq: u64, at: usize, streams: &[f32]) -> Result<(), ModelError> {
+        MtpDrafter::observe_at(self, seq, at, streams)
+    }
+    fn forget(&mut self, seq: u64) {
+        self.seqs.remove(&seq);
     }
 }
 

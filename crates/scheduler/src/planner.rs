@@ -11,7 +11,8 @@
 //!
 //! Overlap: step N+1 may be planned while step N runs. Planning counts N's tokens as computed and
 //! expects each sampling request to produce one token (optimistic accounting); N's results then
-//! correct it (rejected speculative tokens give their KV back, finished requests drop out, and
+//! correct it. With speculation (`lookahead` > 0) a decode is not planned while its previous step
+//! is in flight, since the tokens that step accepts decide the next one's context (rejected speculative tokens give their KV back, finished requests drop out, and
 //! any work N+1 planned for them is ignored).
 
 use std::collections::HashMap;
@@ -452,9 +453,18 @@ impl Scheduler {
         let mut preempted = Vec::new();
         let mut budget = self.cfg.token_budget;
 
-        // 1. Decodes.
-        let mut decoding: Vec<RequestId> =
-            self.running.iter().copied().filter(|id| self.entries[id].pending() == 1).collect();
+        // 1. Decodes. With speculation a decode waits for its previous step: how many tokens that
+        // step accepts decides where the next one starts.
+        let serial = self.cfg.lookahead > 0;
+        let mut decoding: Vec<RequestId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| {
+                let e = &self.entries[id];
+                e.pending() == 1 && !(serial && e.pending_samples > 0)
+            })
+            .collect();
         // Priority order only matters when someone may be preempted: skip the sort when the free
         // blocks cover every decode's growth.
         let spec = self.cfg.lookahead;

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use deepinfer_engine::engine::{Event, ReplayMode};
 use deepinfer_engine::sampler::SamplingParams;
 use deepinfer_engine::tiny::Rng;
-use deepinfer_engine::{Engine, EngineConfig, GenerateRequest, Model};
+use deepinfer_engine::{Engine, EngineConfig, EngineStats, GenerateRequest, Model};
 use deepinfer_scheduler::sim::Percentiles;
 use serde_json::{json, Value};
 
@@ -54,7 +54,7 @@ fn greedy() -> SamplingParams {
 }
 
 /// Run `reqs` through a streaming engine; per request the token arrival times (seconds).
-fn timed(engine: &Arc<Engine>, reqs: Vec<GenerateRequest>) -> Result<(HashMap<u64, Vec<f64>>, f64)> {
+fn timed(engine: &Arc<Engine>, reqs: Vec<GenerateRequest>) -> Result<(HashMap<u64, Vec<f64>>, EngineStats)> {
     let t0 = Instant::now();
     let h = engine.clone().start();
     let (tx, rx) = crossbeam::channel::unbounded();
@@ -74,8 +74,7 @@ fn timed(engine: &Arc<Engine>, reqs: Vec<GenerateRequest>) -> Result<(HashMap<u6
             }
         }
     }
-    h.shutdown();
-    Ok((times, t0.elapsed().as_secs_f64()))
+    Ok((times, h.shutdown()))
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -153,7 +152,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 r
             })
             .collect();
-        let measured = timed(&main, reqs).and_then(|(times, _)| {
+        let measured = timed(&main, reqs).and_then(|(times, st)| {
             // The window in which all b requests decode: from the last one's first token (before it,
             // steps carry prefill chunks of the later requests) to the first one's last token (after
             // it, the batch is smaller).
@@ -179,7 +178,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             let row = json!({"batch": b, "context": a.decode_context, "tokens_per_request": a.decode_tokens,
                            "window_steps": window_steps, "tokens_per_s": tps, "tokens_per_s_per_user": tps / b as f64,
                            "token_layers_per_s": tps * layers as f64,
-                           "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3});
+                           "itl_p50_ms": gaps.p50 * 1e3, "itl_p99_ms": gaps.p99 * 1e3,
+                           "speculative_tokens": main.config().speculative_tokens,
+                           "spec_drafted": st.drafted_tokens, "spec_accepted": st.accepted_drafts,
+                           "spec_tokens_per_step": (st.accepted_drafts + st.spec_steps) as f64 / st.spec_steps.max(1) as f64});
             Ok((row, gaps.p50))
         });
         let itl_p50 = match measured {

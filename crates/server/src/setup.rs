@@ -46,6 +46,10 @@ pub struct EngineArgs {
     /// Longest prompt + output.
     #[arg(long, default_value_t = 65536)]
     pub max_context: usize,
+    /// Speculative decoding: MTP drafts verified per decode step (0: off). Lossless: outputs equal
+    /// those without it, greedy and seeded. Overrides DEEPINFER_USE_NEXTN_DECODE.
+    #[arg(long)]
+    pub speculative_tokens: Option<usize>,
 }
 
 /// The trained tiny model shipped in the repository (`models/deepinfer-tiny-v4`, made by
@@ -217,6 +221,9 @@ pub fn load(a: &EngineArgs) -> Result<Loaded> {
         ..Default::default()
     }
     .with_env(model.config().sliding_window)?;
+    if let Some(k) = a.speculative_tokens {
+        cfg.speculative_tokens = k;
+    }
     if gpu.is_some() {
         // The device cache holds every slot's whole context: the scheduler may fill it (its
         // default of 4096 blocks preempted 256 sequences of 4.6k tokens that the GPU had room for).

@@ -540,6 +540,12 @@ impl DeviceModel {
         mut trace: Option<&mut Vec<Vec<f32>>>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.cfg;
+        if matches!(rows, LogitRows::None) {
+            return Err(input(
+                "rows",
+                "the device model has no streams-only forward (speculation runs on the reference model for now)".into(),
+            ));
+        }
         let mut spans = Vec::with_capacity(batch.len());
         let (mut ids, mut positions) = (Vec::new(), Vec::new());
         for (tokens, seq) in batch.iter() {
@@ -622,7 +628,7 @@ impl DeviceModel {
         hc_head(s, &x, &self.w.hc_head.view(), &self.w.norm, &mut hidden, n, &sh)?;
         self.prof.mark(s, &mut t, "mhc + norms")?;
         let (head_in, m) = match rows {
-            LogitRows::All => (hidden, n),
+            LogitRows::All | LogitRows::None => (hidden, n),
             LogitRows::Last => {
                 let mut pick = vec![-1i32; n];
                 for (i, sp) in spans.iter().enumerate() {
@@ -642,7 +648,9 @@ impl DeviceModel {
             seq.len += tokens.len();
         }
         Ok(match rows {
-            LogitRows::All => spans.iter().map(|sp| all[sp.start * v..(sp.start + sp.len) * v].to_vec()).collect(),
+            LogitRows::All | LogitRows::None => {
+                spans.iter().map(|sp| all[sp.start * v..(sp.start + sp.len) * v].to_vec()).collect()
+            }
             LogitRows::Last => all.chunks_exact(v).map(<[f32]>::to_vec).collect(),
         })
     }

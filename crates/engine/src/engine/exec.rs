@@ -11,7 +11,7 @@ use deepinfer_scheduler::{Outcome, StepPlan};
 
 use super::{Engine, EngineStats, Event, FinishReason, GenerateOutput, GenerateRequest, Restore};
 use crate::forward::SeqState;
-use crate::sampler::{sample_batch, SampleJob, SamplingParams};
+use crate::sampler::{sample_batch, Sample, SampleJob, SamplingParams};
 
 pub(super) enum ExecMsg {
     Admit(Box<Admission>),
@@ -71,6 +71,9 @@ struct Live {
     matcher: Option<Matcher>,
     /// The matcher constrains sampling (after `constraint_after`, if any).
     constrained: bool,
+    /// The state is behind the scheduler's count: a verification's drafts were rejected and the
+    /// state from before it kept; the next step replays the accepted tokens.
+    lagging: bool,
     text: super::TextState,
     out: GenerateOutput,
     t0: Instant,
@@ -80,11 +83,14 @@ pub(super) struct Executor<'a> {
     eng: &'a Engine,
     live: HashMap<u64, Live>,
     stats: EngineStats,
+    /// Speculative decoding, when configured and the model can draft.
+    spec: Option<super::spec::Spec<'a>>,
 }
 
 impl<'a> Executor<'a> {
     pub fn new(eng: &'a Engine) -> Executor<'a> {
-        Executor { eng, live: HashMap::new(), stats: EngineStats::default() }
+        let spec = super::spec::Spec::new(eng);
+        Executor { eng, live: HashMap::new(), stats: EngineStats::default(), spec }
     }
 
     pub fn run(mut self, msgs: Receiver<ExecMsg>, done: Sender<StepDone>) -> EngineStats {
@@ -148,6 +154,7 @@ impl<'a> Executor<'a> {
                 hashes: Vec::new(),
                 matcher: a.matcher,
                 constrained,
+                lagging: false,
                 text: Default::default(),
                 out,
                 t0: a.t0,
@@ -157,6 +164,9 @@ impl<'a> Executor<'a> {
     }
 
     fn finish(&mut self, mut l: Live, finish: FinishReason, error: Option<String>) {
+        if let Some(sp) = self.spec.as_mut() {
+            sp.drafter.forget(l.req.id);
+        }
         l.out.finish = finish;
         l.out.error = error;
         if let Some(t) = &self.eng.text {
@@ -175,7 +185,7 @@ impl<'a> Executor<'a> {
     /// fresh one (after a recompute preemption).
     fn state_for(&self, l: &mut Live, context: usize) -> Result<SeqState, String> {
         if let Some(st) = l.state.take() {
-            if st.len() == context {
+            if st.len() == context || (l.lagging && st.len() < context) {
                 return Ok(st);
             }
         }
@@ -199,15 +209,10 @@ impl<'a> Executor<'a> {
         for id in &plan.preempted {
             if let Some(l) = self.live.get_mut(id) {
                 l.state = None; // recompute preemption: the scheduler freed its KV
+                l.lagging = false;
             }
         }
-        // Inputs: each item's tokens after what its state holds.
-        struct Work {
-            id: u64,
-            chunk: Vec<u32>,
-            samples: bool,
-            state: SeqState,
-        }
+        // Inputs: each item's tokens after what its state holds, then any drafts to verify.
         let mut work: Vec<Work> = Vec::new();
         for it in &plan.items {
             let Some(mut l) = self.live.remove(&it.id) else { continue }; // finished or cancelled
@@ -230,46 +235,81 @@ impl<'a> Executor<'a> {
                 let replay = r.plan.reused_tokens.min(end).saturating_sub(st.len());
                 self.stats.replayed_tokens += replay;
             }
-            self.stats.computed_tokens += end - st.len();
-            work.push(Work { id: it.id, chunk: l.tokens[st.len()..end].to_vec(), samples: it.samples, state: st });
+            let drafts = if it.samples && it.spec > 0 && end == l.tokens.len() {
+                match self.draft(&l, it.spec) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        done.failed.push(it.id);
+                        self.finish(l, FinishReason::Error, Some(format!("drafting failed: {e}")));
+                        continue;
+                    }
+                }
+            } else {
+                Vec::new()
+            };
+            let mut chunk = l.tokens[st.len()..end].to_vec();
+            chunk.extend_from_slice(&drafts);
+            self.stats.computed_tokens += chunk.len();
+            // A verification runs on a copy: the original is the rollback point.
+            let (state, rollback) = if drafts.is_empty() {
+                (st, None)
+            } else {
+                match self.spec.as_ref().map(|sp| sp.model.snapshot(&st)) {
+                    Some(Ok(copy)) => (copy, Some(st)),
+                    Some(Err(e)) => {
+                        done.failed.push(it.id);
+                        self.finish(l, FinishReason::Error, Some(format!("speculation: {e}")));
+                        continue;
+                    }
+                    None => (st, None),
+                }
+            };
+            let start = state.len();
+            work.push(Work { id: it.id, chunk, samples: it.samples, drafts, start, state, rollback });
+            l.lagging = false;
             self.live.insert(it.id, l);
         }
         if work.is_empty() {
             return done;
         }
-        // Grammar masks of the sampling items, computed while the model runs.
-        let mut matchers: Vec<(u64, Matcher)> = Vec::new();
+        // Grammar masks of the sampling items (one per row to verify), computed while the model runs.
+        let mut matchers: Vec<(u64, Matcher, Vec<u32>)> = Vec::new();
         for w in work.iter().filter(|w| w.samples) {
             let l = self.live.get_mut(&w.id).expect("live");
             if l.constrained {
                 if let Some(m) = l.matcher.take() {
-                    matchers.push((w.id, m));
+                    matchers.push((w.id, m, w.drafts.clone()));
                 }
             }
         }
         let model = &*self.eng.model;
+        let spec_model = self.spec.as_ref().map(|sp| sp.model);
+        let tails: Vec<usize> = work.iter().map(|w| if w.samples { 1 + w.drafts.len() } else { 0 }).collect();
+        let v = model.config().vocab_size;
         let (result, masked) = std::thread::scope(|s| {
             let masks = s.spawn(move || {
                 matchers
                     .into_iter()
-                    .map(|(id, mut m)| {
-                        let mask = m.compute_mask().map_err(|e| e.to_string());
-                        (id, m, mask)
+                    .map(|(id, mut m, drafts)| {
+                        let masks = draft_masks(&mut m, &drafts, v);
+                        (id, m, masks)
                     })
                     .collect::<Vec<_>>()
             });
             let mut batch: Vec<(&[u32], &mut SeqState)> =
                 work.iter_mut().map(|w| (w.chunk.as_slice(), &mut w.state)).collect();
-            let r = model.forward_last(&mut batch);
+            let r = match spec_model {
+                Some(sm) => sm.forward_tails(&mut batch, &tails),
+                None => model.forward_last(&mut batch).map(|o| o.into_iter().map(|l| (l, Vec::new())).collect()),
+            };
             (r, masks.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
         });
-        let v = model.config().vocab_size;
-        let mut masks: HashMap<u64, Result<Vec<bool>, String>> = HashMap::new();
+        let mut masks: HashMap<u64, Result<Vec<Vec<bool>>, String>> = HashMap::new();
         for (id, m, mask) in masked {
             if let Some(l) = self.live.get_mut(&id) {
                 l.matcher = Some(m);
             }
-            masks.insert(id, mask.map(|mk| (0..v).map(|t| t < mk.len() && mk.is_allowed(t as u32)).collect()));
+            masks.insert(id, mask);
         }
         let outs = match result {
             Ok(o) => o,
@@ -283,37 +323,37 @@ impl<'a> Executor<'a> {
                 return done;
             }
         };
-        // Every sampling item's token, chosen in parallel (the grammar and stop handling below stay
-        // in batch order).
-        let mut picked = {
-            let jobs: Vec<(usize, SampleJob<'_>)> = work
-                .iter()
-                .zip(&outs)
-                .enumerate()
-                .filter(|(_, (w, _))| w.samples)
-                .filter_map(|(i, (w, o))| {
-                    let l = self.live.get(&w.id)?;
-                    let allowed = match masks.get(&w.id) {
-                        Some(Ok(m)) => Some(m.as_slice()),
-                        Some(Err(_)) => return None,
-                        None => None,
-                    };
-                    let history = &l.tokens[l.req.prompt.len()..];
-                    Some((
-                        i,
-                        SampleJob { logits: o, history, params: &l.params, position: l.tokens.len() as u64, allowed },
-                    ))
-                })
-                .collect();
-            let (at, jobs): (Vec<usize>, Vec<SampleJob<'_>>) = jobs.into_iter().unzip();
-            let mut picked: Vec<Option<Option<crate::sampler::Sample>>> = vec![None; work.len()];
-            for (i, s) in at.into_iter().zip(sample_batch(&jobs)) {
-                picked[i] = Some(s);
-            }
-            picked
-        };
-        for (i, (w, _)) in work.into_iter().zip(outs).enumerate() {
+        // Every row's token, sampled in parallel exactly as plain decoding would sample it there:
+        // row i of a verification sees the drafts before it in its history, position and mask.
+        let mut rows = self.sample_rows(&work, &outs, &masks);
+        for (i, (mut w, (_, streams))) in work.into_iter().zip(outs).enumerate() {
             let Some(mut l) = self.live.remove(&w.id) else { continue };
+            // Drafts stand while they equal the target's own token at their row.
+            let samples = std::mem::take(&mut rows[i]);
+            let accepted =
+                w.drafts.iter().zip(&samples).take_while(|(d, s)| s.as_ref().is_some_and(|s| s.token == **d)).count();
+            if !w.drafts.is_empty() {
+                self.stats.spec_steps += 1;
+                self.stats.drafted_tokens += w.drafts.len();
+                self.stats.accepted_drafts += accepted;
+            }
+            if let (Some(sp), false) = (self.spec.as_mut(), streams.is_empty()) {
+                let width = sp.model.stream_width();
+                let valid = w.chunk.len() - (w.drafts.len() - accepted);
+                if let Err(e) = sp.drafter.observe_at(w.id, w.start, &streams[..valid * width]) {
+                    done.failed.push(w.id);
+                    self.finish(l, FinishReason::Error, Some(format!("drafter: {e}")));
+                    continue;
+                }
+            }
+            if accepted < w.drafts.len() {
+                // Rejected drafts: keep the state from before the step; the next step replays
+                // the accepted tokens (its context is where the scheduler now counts them).
+                if let Some(orig) = w.rollback.take() {
+                    w.state = orig;
+                    l.lagging = true;
+                }
+            }
             if let Some(kv) = &self.eng.kv {
                 let full = w.state.len() / kv.block_tokens * kv.block_tokens;
                 kv.extend_hashes(&mut l.hashes, &l.tokens[..full], l.req.cache_salt.as_deref());
@@ -329,58 +369,194 @@ impl<'a> Executor<'a> {
                 self.finish(l, FinishReason::Error, Some(format!("`constraint`: {e}")));
                 continue;
             }
-            let Some(s) = picked[i].take().flatten() else {
-                done.failed.push(w.id);
-                self.finish(l, FinishReason::Error, Some("`constraint`: no token can continue the output".into()));
-                continue;
-            };
-            if l.out.tokens.is_empty() {
-                l.out.ttft_s = l.t0.elapsed().as_secs_f64();
-            }
-            l.tokens.push(s.token);
-            l.out.tokens.push(s.token);
-            l.out.logprobs.push(s.logprob);
-            if l.params.top_logprobs > 0 {
-                l.out.top_logprobs.push(s.top.clone());
-            }
-            self.stats.generated_tokens += 1;
-            // Grammar: advance (or start after the trigger token).
-            let mut grammar_done = false;
-            if l.constrained {
-                if let Some(m) = l.matcher.as_mut() {
-                    if let Err(e) = m.consume_token(s.token) {
-                        done.failed.push(w.id);
-                        self.finish(l, FinishReason::Error, Some(format!("`constraint`: {e}")));
-                        continue;
-                    }
-                    grammar_done = m.is_stopped();
-                }
-            } else if l.matcher.is_some() && l.req.constraint_after == Some(s.token) {
-                l.constrained = true;
-            }
-            let stop_token = l.req.stop_token_ids.contains(&s.token);
-            let length = l.out.tokens.len() >= l.req.max_tokens;
-            let mut finished = stop_token || length || grammar_done;
-            let mut text = String::new();
-            if let Some(t) = &self.eng.text {
-                let shown = if stop_token { &l.out.tokens[..l.out.tokens.len() - 1] } else { &l.out.tokens[..] };
-                let st = l.text.step(&t.tok, shown, &l.req.stop_strings, finished);
-                text = st.delta;
-                finished |= st.stopped;
-            }
-            let _ = l.events.send(Event::Token { id: w.id, token: s.token, logprob: s.logprob, top: s.top, text });
-            done.outcomes.push(Outcome { id: w.id, accepted: 1, stop: finished });
-            if finished {
-                let reason = if length && !stop_token && !grammar_done && l.text.stopped_text.is_none() {
-                    FinishReason::Length
-                } else {
-                    FinishReason::Stop
+            let mut emitted = 0;
+            let mut end = None;
+            for s in samples.into_iter().take(accepted + 1) {
+                let Some(s) = s else {
+                    end = Some(Err("`constraint`: no token can continue the output".to_string()));
+                    break;
                 };
-                self.finish(l, reason, None);
-            } else {
-                self.live.insert(w.id, l);
+                emitted += 1;
+                match self.push_token(&mut l, s) {
+                    Ok(None) => {}
+                    Ok(Some(reason)) => {
+                        end = Some(Ok(reason));
+                        break;
+                    }
+                    Err(e) => {
+                        end = Some(Err(e));
+                        break;
+                    }
+                }
+            }
+            match end {
+                None => {
+                    done.outcomes.push(Outcome { id: w.id, accepted: emitted, stop: false });
+                    self.live.insert(w.id, l);
+                }
+                Some(Ok(reason)) => {
+                    done.outcomes.push(Outcome { id: w.id, accepted: emitted, stop: true });
+                    self.finish(l, reason, None);
+                }
+                Some(Err(e)) => {
+                    done.failed.push(w.id);
+                    self.finish(l, FinishReason::Error, Some(e));
+                }
             }
         }
         done
     }
+
+    /// Drafts for a decode of `l` (at most `k`, none past what `max_tokens` leaves room for, none
+    /// from the token that switches a grammar on).
+    fn draft(&mut self, l: &Live, k: usize) -> Result<Vec<u32>, String> {
+        let Some(sp) = self.spec.as_mut() else { return Ok(Vec::new()) };
+        let room = l.req.max_tokens.saturating_sub(l.out.tokens.len() + 1);
+        let k = k.min(room);
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let d = sp.drafter.draft(l.req.id, &l.tokens, k).map_err(|e| e.to_string())?;
+        let mut t = d.tokens;
+        if !l.constrained && l.matcher.is_some() {
+            if let Some(trigger) = l.req.constraint_after {
+                if let Some(at) = t.iter().position(|&x| x == trigger) {
+                    t.truncate(at);
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// Sample every row of every sampling item (see `step`).
+    fn sample_rows(
+        &self,
+        work: &[Work],
+        outs: &[(Vec<f32>, Vec<f32>)],
+        masks: &HashMap<u64, Result<Vec<Vec<bool>>, String>>,
+    ) -> Vec<Vec<Option<Sample>>> {
+        let v = self.eng.model.config().vocab_size;
+        let mut histories: Vec<(usize, usize, Vec<u32>)> = Vec::new(); // (item, row, history)
+        for (i, w) in work.iter().enumerate().filter(|(_, w)| w.samples) {
+            let Some(l) = self.live.get(&w.id) else { continue };
+            if let Some(Err(_)) = masks.get(&w.id) {
+                continue;
+            }
+            let rows = match masks.get(&w.id) {
+                Some(Ok(m)) => m.len().min(1 + w.drafts.len()),
+                _ => 1 + w.drafts.len(),
+            };
+            for r in 0..rows {
+                let mut h = l.tokens[l.req.prompt.len()..].to_vec();
+                h.extend_from_slice(&w.drafts[..r]);
+                histories.push((i, r, h));
+            }
+        }
+        let jobs: Vec<SampleJob<'_>> = histories
+            .iter()
+            .map(|(i, r, h)| {
+                let w = &work[*i];
+                let l = &self.live[&w.id];
+                let allowed = match masks.get(&w.id) {
+                    Some(Ok(m)) => Some(m[*r].as_slice()),
+                    _ => None,
+                };
+                SampleJob {
+                    logits: &outs[*i].0[r * v..(r + 1) * v],
+                    history: h,
+                    params: &l.params,
+                    position: (l.tokens.len() + r) as u64,
+                    allowed,
+                }
+            })
+            .collect();
+        let mut rows: Vec<Vec<Option<Sample>>> = vec![Vec::new(); work.len()];
+        for ((i, _, _), s) in histories.iter().zip(sample_batch(&jobs)) {
+            rows[*i].push(s);
+        }
+        rows
+    }
+
+    /// Append one sampled token to `l`'s output and stream it; Some(reason) when it ends the request.
+    fn push_token(&mut self, l: &mut Live, s: Sample) -> Result<Option<FinishReason>, String> {
+        if l.out.tokens.is_empty() {
+            l.out.ttft_s = l.t0.elapsed().as_secs_f64();
+        }
+        l.tokens.push(s.token);
+        l.out.tokens.push(s.token);
+        l.out.logprobs.push(s.logprob);
+        if l.params.top_logprobs > 0 {
+            l.out.top_logprobs.push(s.top.clone());
+        }
+        self.stats.generated_tokens += 1;
+        // Grammar: advance (or start after the trigger token).
+        let mut grammar_done = false;
+        if l.constrained {
+            if let Some(m) = l.matcher.as_mut() {
+                m.consume_token(s.token).map_err(|e| format!("`constraint`: {e}"))?;
+                grammar_done = m.is_stopped();
+            }
+        } else if l.matcher.is_some() && l.req.constraint_after == Some(s.token) {
+            l.constrained = true;
+        }
+        let stop_token = l.req.stop_token_ids.contains(&s.token);
+        let length = l.out.tokens.len() >= l.req.max_tokens;
+        let mut finished = stop_token || length || grammar_done;
+        let mut text = String::new();
+        if let Some(t) = &self.eng.text {
+            let shown = if stop_token { &l.out.tokens[..l.out.tokens.len() - 1] } else { &l.out.tokens[..] };
+            let st = l.text.step(&t.tok, shown, &l.req.stop_strings, finished);
+            text = st.delta;
+            finished |= st.stopped;
+        }
+        let _ = l.events.send(Event::Token { id: l.req.id, token: s.token, logprob: s.logprob, top: s.top, text });
+        Ok(finished.then(|| {
+            if length && !stop_token && !grammar_done && l.text.stopped_text.is_none() {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            }
+        }))
+    }
+}
+
+/// One item of a step in the executor.
+struct Work {
+    id: u64,
+    /// Tokens to run: what the state lacks up to the planned end, then the drafts.
+    chunk: Vec<u32>,
+    samples: bool,
+    drafts: Vec<u32>,
+    /// The state's length before the step (the chunk's first position).
+    start: usize,
+    state: SeqState,
+    /// The state before a verification (kept when drafts are rejected).
+    rollback: Option<SeqState>,
+}
+
+/// The grammar masks of rows 0..=drafts.len() of a verification: row 0 from the matcher as it is,
+/// row i after it consumed drafts ..i. Stops after the first draft its row does not allow (that
+/// draft is rejected whatever the target says, so later rows are never sampled). The matcher is
+/// left as it was.
+fn draft_masks(m: &mut Matcher, drafts: &[u32], vocab: usize) -> Result<Vec<Vec<bool>>, String> {
+    let dense = |m: &mut Matcher| -> Result<Vec<bool>, String> {
+        let mk = m.compute_mask().map_err(|e| e.to_string())?;
+        Ok((0..vocab).map(|t| t < mk.len() && mk.is_allowed(t as u32)).collect())
+    };
+    let mut out = vec![dense(m)?];
+    if drafts.is_empty() {
+        return Ok(out);
+    }
+    let mut c = m.deep_clone();
+    for &d in drafts {
+        if !out.last().is_some_and(|row| row.get(d as usize).copied().unwrap_or(false)) {
+            break;
+        }
+        c.consume_token(d).map_err(|e| e.to_string())?;
+        if c.is_stopped() {
+            break;
+        }
+        out.push(dense(&mut c)?);
+    }
+    Ok(out)
 }

@@ -18,6 +18,7 @@
 
 mod exec;
 mod kvcache;
+mod spec;
 mod text;
 
 use std::sync::Arc;
@@ -149,6 +150,8 @@ pub struct EngineConfig {
     pub kv_dir: Option<KvDirConfig>,
     /// Deterministic mode: unseeded requests get seed 0 (the CPU model is batch-invariant always).
     pub batch_invariant: bool,
+    /// Drafts verified per decode step (speculative decoding with the model's MTP layer; 0: off).
+    pub speculative_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -163,6 +166,7 @@ impl Default for EngineConfig {
             replay: ReplayMode::Exact,
             kv_dir: None,
             batch_invariant: false,
+            speculative_tokens: 0,
         }
     }
 }
@@ -177,6 +181,7 @@ pub struct EngineConfigError {
 
 impl EngineConfig {
     /// Apply DeepInfer's environment switches: `DEEPINFER_BATCH_INVARIANT`,
+    /// `DEEPINFER_USE_NEXTN_DECODE` (drafts per step, 0: off),
     /// `DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE` (off | mask | compact) and
     /// `DEEPINFER_YOCO_PREFILL_KEEP_TOKENS` (required, and at least the window, when not off).
     pub fn with_env(self, window: usize) -> Result<EngineConfig, EngineConfigError> {
@@ -195,6 +200,11 @@ impl EngineConfig {
                 "0" | "false" | "" => false,
                 o => return Err(bad("DEEPINFER_BATCH_INVARIANT", format!("`{o}` is not 0 or 1"))),
             };
+        }
+        if let Some(v) = var("DEEPINFER_USE_NEXTN_DECODE") {
+            self.speculative_tokens = v.trim().parse().map_err(|_| {
+                bad("DEEPINFER_USE_NEXTN_DECODE", format!("`{v}` is not a draft count (0 turns speculation off)"))
+            })?;
         }
         let mode = var("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE").unwrap_or_default();
         match mode.trim() {
@@ -237,6 +247,10 @@ pub struct EngineStats {
     pub replayed_tokens: usize,
     pub prefix_hits: usize,
     pub generated_tokens: usize,
+    /// Speculation: request-steps that verified drafts, drafts verified and drafts accepted.
+    pub spec_steps: usize,
+    pub drafted_tokens: usize,
+    pub accepted_drafts: usize,
     pub preemptions: u64,
     pub seconds: f64,
     /// Seconds the planner spent planning (overlapped with execution).
@@ -396,7 +410,7 @@ impl Engine {
             max_running: self.cfg.max_running,
             block_tokens: self.cfg.block_tokens,
             kv_blocks: self.cfg.kv_blocks,
-            lookahead: 0,
+            lookahead: if self.model.speculation().is_some() { self.cfg.speculative_tokens } else { 0 },
             step_time_budget: None,
             preemption: PreemptionMode::Recompute,
             aging_per_s: 1.0,

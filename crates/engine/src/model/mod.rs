@@ -73,6 +73,8 @@ pub enum LogitRows {
     All,
     /// Each sequence's last token (generation).
     Last,
+    /// No logits: only the final streams of every row ([`Model::forward_tails`] runs the head itself).
+    None,
 }
 
 /// One sequence's cache state: what the next chunk of tokens needs from the tokens before it.
@@ -461,9 +463,19 @@ impl Model {
                 tr.layer_out.push(x.clone());
             }
         }
+        let w = self.cfg.hc_mult * self.cfg.hidden_size;
         let outs = match rows {
             LogitRows::All => self.finish(&x, &b, &self.hc_head, &self.norm),
             LogitRows::Last => self.finish_last(&x, &b),
+            LogitRows::None => b
+                .seqs
+                .iter()
+                .map(|sp| SeqOutput {
+                    logits: Vec::new(),
+                    streams: x[sp.start * w..(sp.start + sp.len) * w].to_vec(),
+                    final_hidden: Vec::new(),
+                })
+                .collect(),
         };
         for (tokens, state) in batch.iter_mut() {
             state.len += tokens.len();
@@ -517,26 +529,76 @@ impl Model {
             .collect()
     }
 
+    /// hc_head collapse, final norm and head over `m` rows of streams [m, hc, D]: (logits, hidden).
+    fn head_rows(&self, rows: &[f32], m: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut hdn = self.hc_head.collapse(rows, m, &self.shape());
+        rms_norm_rows(&mut hdn, &self.norm, self.cfg.rms_norm_eps);
+        (self.head.forward(&hdn, m), hdn)
+    }
+
+    /// The streams of each sequence's last `tails[i]` rows, concatenated.
+    fn tail_rows(&self, x: &[f32], b: &Batch, tails: &[usize]) -> Vec<f32> {
+        let w = self.cfg.hc_mult * self.cfg.hidden_size;
+        b.seqs
+            .iter()
+            .zip(tails)
+            .flat_map(|(sp, &t)| x[(sp.start + sp.len - t) * w..(sp.start + sp.len) * w].iter().copied())
+            .collect()
+    }
+
     /// `finish` for each sequence's last row only (streams and final_hidden hold that row).
     fn finish_last(&self, x: &[f32], b: &Batch) -> Vec<SeqOutput> {
-        let s = self.shape();
-        let (hc, d, v) = (s.n, s.dim, self.cfg.vocab_size);
-        let last: Vec<f32> = b
-            .seqs
-            .iter()
-            .flat_map(|sp| x[(sp.start + sp.len - 1) * hc * d..(sp.start + sp.len) * hc * d].iter().copied())
-            .collect();
+        let (w, d, v) = (self.cfg.hc_mult * self.cfg.hidden_size, self.cfg.hidden_size, self.cfg.vocab_size);
         let m = b.seqs.len();
-        let mut hdn = self.hc_head.collapse(&last, m, &s);
-        rms_norm_rows(&mut hdn, &self.norm, self.cfg.rms_norm_eps);
-        let logits = self.head.forward(&hdn, m);
+        let last = self.tail_rows(x, b, &vec![1; m]);
+        let (logits, hdn) = self.head_rows(&last, m);
         (0..m)
             .map(|i| SeqOutput {
                 logits: logits[i * v..(i + 1) * v].to_vec(),
-                streams: last[i * hc * d..(i + 1) * hc * d].to_vec(),
+                streams: last[i * w..(i + 1) * w].to_vec(),
                 final_hidden: hdn[i * d..(i + 1) * d].to_vec(),
             })
             .collect()
+    }
+
+    /// A forward whose outputs hold each sequence's logits for its last `tails[i]` new rows
+    /// ([tail, vocab]; 0 rows for a prefill chunk that samples nothing) and its final streams for
+    /// every new row ([T, hc, D], the MTP drafter's input); `final_hidden` is left empty. A
+    /// speculative step verifies k drafts with a tail of k + 1.
+    pub fn forward_tails(
+        &self,
+        batch: &mut [(&[u32], &mut SequenceState)],
+        numerics: Numerics,
+        tails: &[usize],
+    ) -> Result<Vec<SeqOutput>, ModelError> {
+        if tails.len() != batch.len() {
+            return Err(ModelError::Input {
+                field: "tails",
+                problem: format!("{} tails for {} sequences", tails.len(), batch.len()),
+            });
+        }
+        if let Some(i) = (0..batch.len()).find(|&i| tails[i] > batch[i].0.len()) {
+            return Err(ModelError::Input {
+                field: "tails",
+                problem: format!("sequence {i} asks for {} logit rows of {} new tokens", tails[i], batch[i].0.len()),
+            });
+        }
+        // The body of forward_rows, then the head over the tails alone.
+        let (mut outs, _) = self.forward_rows(batch, numerics, false, LogitRows::None)?;
+        let w = self.cfg.hc_mult * self.cfg.hidden_size;
+        let v = self.cfg.vocab_size;
+        let mut rows = Vec::new();
+        for (o, &t) in outs.iter().zip(tails) {
+            rows.extend_from_slice(&o.streams[o.streams.len() - t * w..]);
+        }
+        let m: usize = tails.iter().sum();
+        let (logits, _) = if m > 0 { self.head_rows(&rows, m) } else { (Vec::new(), Vec::new()) };
+        let mut at = 0;
+        for (o, &t) in outs.iter_mut().zip(tails) {
+            o.logits = logits[at * v..(at + t) * v].to_vec();
+            at += t;
+        }
+        Ok(outs)
     }
 
     /// MTP head 0 (MODEL_V4.md §9): row t combines the main model's final streams at t
