@@ -9,8 +9,13 @@ use std::sync::{Arc, OnceLock};
 
 use deepinfer_engine::sampler::SamplingParams;
 use deepinfer_engine::{Engine, EngineConfig, GenerateRequest, Model, ReplayMode};
+use deepinfer_recipe::{Constraint, DeepseekTokenizer};
 
 /// The trained built-in model (its MTP head agrees with the main head often enough to accept drafts).
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/deepinfer-tiny-v4")
+}
+
 fn model() -> &'static Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| {
@@ -114,4 +119,44 @@ fn prefix_hits_bounded_replay_and_penalties_keep_speculation_lossless() {
     let (got, st) = run(2);
     assert_eq!(got, want);
     assert!(st.accepted_drafts > 0 && st.prefix_hits > 0, "{st:?}");
+}
+
+#[test]
+fn structured_output_through_speculation_equals_without() {
+    // Grammar masks apply to every verified row (the matcher advanced over the drafts before it).
+    let tok = DeepseekTokenizer::from_file(&model_dir().join("tokenizer.json")).unwrap();
+    let prompt = tok.encode_batch(&["The answer, as JSON:".to_string()]).unwrap().remove(0);
+    let schema = r#"{"type":"object","properties":{"name":{"type":"string","maxLength":24},
+        "count":{"type":"integer","minimum":0,"maximum":999},"ok":{"type":"boolean"}},
+        "required":["name","count","ok"],"additionalProperties":false}"#;
+    let reqs = || -> Vec<GenerateRequest> {
+        (0..12u64)
+            .map(|i| {
+                let (temperature, seed) = if i % 2 == 0 { (0.0, None) } else { (0.8, Some(i)) };
+                let sampling = SamplingParams { temperature, seed, ..Default::default() };
+                let mut r = GenerateRequest::new(i, prompt.clone(), 80, sampling);
+                r.constraint = Some(Constraint {
+                    kind: if i % 3 == 0 { "regex".into() } else { "json_schema".into() },
+                    schema: if i % 3 == 0 {
+                        "(the|a) [a-z]{2,12} (is|was) [0-9]{1,3}\\.".into()
+                    } else {
+                        schema.into()
+                    },
+                });
+                r
+            })
+            .collect()
+    };
+    let run = |k: usize| {
+        let e = engine(k, 8, ReplayMode::Exact).with_tokenizer(tok.clone()).unwrap();
+        let (outs, st) = e.generate(reqs());
+        for o in &outs {
+            assert!(o.error.is_none(), "request {}: {:?}", o.id, o.error);
+        }
+        (outs.into_iter().map(|o| (o.tokens, o.text)).collect::<Vec<_>>(), st)
+    };
+    let (want, _) = run(0);
+    let (got, st) = run(3);
+    assert_eq!(got, want);
+    assert!(st.accepted_drafts > 0, "{st:?}");
 }
