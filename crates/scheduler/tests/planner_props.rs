@@ -1,6 +1,7 @@
 //! The planner under random arrivals, cancellations, speculative acceptance, overlapped steps and
 //! memory pressure: no request is lost or finished twice, the token budget and KV capacity are
-//! never exceeded, and once arrivals stop every admitted request finishes.
+//! never exceeded, with speculation no request samples in two steps in flight, and once arrivals
+//! stop every admitted request finishes.
 
 use std::collections::{HashMap, HashSet};
 
@@ -110,6 +111,14 @@ impl Harness {
                 self.check_plan(&a);
                 let b = self.s.plan(self.t).unwrap();
                 self.check_plan(&b);
+                if self.cfg.lookahead > 0 {
+                    // Speculation: the tokens a step accepts decide where the request's next step
+                    // starts, so no request samples in two steps in flight.
+                    let sampling: HashSet<u64> = a.items.iter().filter(|i| i.samples).map(|i| i.id).collect();
+                    for it in b.items.iter().filter(|i| i.samples) {
+                        assert!(!sampling.contains(&it.id), "request {} samples in two steps in flight", it.id);
+                    }
+                }
                 let oa = self.outcomes(&a, accept_seed, 1);
                 self.complete(&a, &oa);
                 let ob = self.outcomes(&b, accept_seed ^ 0x55, 1);
