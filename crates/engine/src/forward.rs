@@ -87,17 +87,17 @@ pub trait ForwardModel: Send + Sync {
     }
 }
 
+/// One sequence's output of [`SpecModel::forward_tails`]: (logits of its tail rows, streams of every row).
+pub type TailOut = (Vec<f32>, Vec<f32>);
+
 /// What speculative steps need of a model beyond [`ForwardModel`].
 pub trait SpecModel: Send + Sync {
     /// A new drafter over this model.
     fn drafter(&self) -> Result<Box<dyn StreamDrafter + '_>, ModelError>;
     /// Logits of each sequence's last `tails[i]` new rows ([tail, vocab], flattened) and its
     /// final streams for every new row ([T, hc, D]).
-    fn forward_tails(
-        &self,
-        batch: &mut [(&[u32], &mut SeqState)],
-        tails: &[usize],
-    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError>;
+    fn forward_tails(&self, batch: &mut [(&[u32], &mut SeqState)], tails: &[usize])
+        -> Result<Vec<TailOut>, ModelError>;
     /// An independent copy of a state (a verification runs on the copy; the original stays as the
     /// rollback point when drafts are rejected).
     fn snapshot(&self, st: &SeqState) -> Result<SeqState, ModelError>;
@@ -185,7 +185,7 @@ impl SpecModel for Model {
         &self,
         batch: &mut [(&[u32], &mut SeqState)],
         tails: &[usize],
-    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
+    ) -> Result<Vec<TailOut>, ModelError> {
         let mut own = own_states::<SequenceState>(batch)?;
         let mut b: Vec<(&[u32], &mut SequenceState)> = own.iter_mut().map(|(t, s)| (*t, &mut **s)).collect();
         let outs = Model::forward_tails(self, &mut b, Numerics::Reference, tails)?;
