@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::Result;
 use xshell::cmd;
 
-use crate::{bindgen_cmd, kernels, py_clients, workspace};
+use crate::{bindgen_cmd, kernels, py_clients, python_pkg, workspace};
 
 pub fn run() -> Result<()> {
     let sh = workspace::shell()?;
@@ -42,6 +42,9 @@ pub fn run() -> Result<()> {
             .env("DEEPINFER_PYTHON", &python)
             .run()?)
     })?;
+    // The Python package: its wheel built as `pip install` builds it (dev profile, the tests' features)
+    // and its pytest suite in a fresh venv (the tests step built the CLI it compares with).
+    timed("python", &mut || python_pkg::run(true, true))?;
     let _ = cmd!(sh, "du -sh target").run();
     println!("\nci: all steps passed in {:.0}s", start.elapsed().as_secs_f32());
     for (name, secs) in times {

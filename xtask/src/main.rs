@@ -8,6 +8,7 @@ mod cuda_toolchain;
 mod gpu_bundle;
 mod kernels;
 mod py_clients;
+mod python_pkg;
 mod workspace;
 
 use anyhow::{bail, Result};
@@ -24,7 +25,9 @@ commands:
   build [--accelerator nvidia|ascend|cpu] [--release]
                                build the workspace for one accelerator (default: $DEEPINFER_ACCELERATOR or cpu)
   bindgen [--check]            regenerate kernels-ffi's parameter structs from kernels/include (--check: fail if stale)
-  ci                           everything CI runs: fmt, bindgen --check, kernels --check, clippy, tests
+  python [--cuda]              build the Python wheel (crates/python) and run its pytest suite in a fresh venv
+                               (--cuda: with the CUDA backend compiled in; needs `kernels` first)
+  ci                           everything CI runs: fmt, bindgen --check, kernels --check, clippy, tests, python
   bench [--crate NAME]         run the criterion benchmarks (of one crate: kv, moe, scheduler, ...)
   gpu-bundle [--only A,B]      kernels, release binary, GPU tests and benchmarks, and run.sh in target/gpu-bundle
                                (--only: just the gpu_* targets whose names contain A or B, no binary)
@@ -60,6 +63,10 @@ fn main() -> Result<()> {
         "bindgen" => {
             flags.only(&["--check"])?;
             bindgen_cmd::run(flags.has("--check"))
+        }
+        "python" => {
+            flags.only(&["--cuda"])?;
+            python_pkg::run(flags.has("--cuda"), false)
         }
         "ci" => {
             flags.only(&[])?;

@@ -1,7 +1,6 @@
 //! `deepinfer`: the command-line entry point. Each subcommand lives in its own module and only
 //! parses arguments and prints; the work is in the library crates.
 
-mod api_request;
 mod bench;
 mod bench_serve;
 mod bench_spec;
@@ -9,14 +8,15 @@ mod check_parity;
 mod doctor;
 mod generate;
 mod kv_cmd;
-mod progress;
 mod random_model;
 mod recipe_cmd;
 mod serve;
-mod setup;
 mod simulate;
 
 use std::process::ExitCode;
+
+// The shared modules live in the library (src/lib.rs); `crate::setup` etc. resolve through these.
+use deepinfer::{api_request, progress, setup};
 
 use clap::{Parser, Subcommand};
 
