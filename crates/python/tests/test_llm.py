@@ -252,8 +252,12 @@ def test_bad_call_arguments_name_the_parameter(llm, tmp_path):
 def test_ctrl_c_cancels_and_the_engine_keeps_serving():
     script = textwrap.dedent(
         """
-        import os, signal, threading, time
+        import faulthandler, os, signal, threading, time
         from deepinfer import LLM, SamplingParams
+        # Ctrl-C as in an interactive Python: a process started with SIGINT ignored (some CI
+        # launchers) would otherwise never see it. A hang dumps every thread's stack.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        faulthandler.dump_traceback_later(60, exit=True)
         llm = LLM()
         threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         t0 = time.time()
@@ -266,8 +270,8 @@ def test_ctrl_c_cancels_and_the_engine_keeps_serving():
         print("after", len(o.outputs[0].token_ids))
         """
     )
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    p = subprocess.run([sys.executable, "-u", "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.stdout, p.stderr)
     lines = p.stdout.split("\n")
     assert lines[0].startswith("interrupted after"), p.stdout
     assert float(lines[0].split()[2][:-1]) < 5.0
