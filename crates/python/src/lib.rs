@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError};
 use deepinfer::offline::{
-    chat_message, output_json, token_json, ChatRequest, Converted, Offline, ParamError, Prompt, Sampling,
+    chat_message, output_json, token_json, ChatRequests, Converted, Offline, ParamError, Prompt, Sampling,
 };
 use deepinfer::setup::EngineArgs;
 use deepinfer_engine::engine::Event;
+use deepinfer_engine::sampler::SamplingParams;
 use deepinfer_engine::GenerateRequest;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -60,18 +61,20 @@ fn sampling_of(d: &Bound<'_, PyDict>) -> PyResult<Sampling> {
     Ok(Sampling {
         n: field(d, "n")?,
         max_tokens: field(d, "max_tokens")?,
-        temperature: field(d, "temperature")?,
-        top_p: field(d, "top_p")?,
-        top_k: field(d, "top_k")?,
-        min_p: field(d, "min_p")?,
-        presence_penalty: field(d, "presence_penalty")?,
-        frequency_penalty: field(d, "frequency_penalty")?,
-        repetition_penalty: field(d, "repetition_penalty")?,
-        seed: field(d, "seed")?,
+        params: SamplingParams {
+            temperature: field(d, "temperature")?,
+            top_p: field(d, "top_p")?,
+            top_k: field(d, "top_k")?,
+            min_p: field(d, "min_p")?,
+            presence_penalty: field(d, "presence_penalty")?,
+            frequency_penalty: field(d, "frequency_penalty")?,
+            repetition_penalty: field(d, "repetition_penalty")?,
+            seed: field(d, "seed")?,
+            top_logprobs: field(d, "logprobs")?,
+        },
         stop: field(d, "stop")?,
         stop_token_ids: field(d, "stop_token_ids")?,
         ignore_eos: field(d, "ignore_eos")?,
-        logprobs: field(d, "logprobs")?,
         json_schema: field(d, "json_schema")?,
         regex: field(d, "regex")?,
     })
@@ -212,22 +215,9 @@ impl Engine {
     /// request ids and the sampling fields the model's policy overrode, (field, asked, used).
     fn submit_chat(&self, body: &str, n: usize) -> PyResult<(Vec<u64>, Overrides)> {
         let body: Value = serde_json::from_str(body).map_err(|e| PyValueError::new_err(format!("messages: {e}")))?;
-        let mut reqs = Vec::with_capacity(n);
-        let mut overridden = Vec::new();
-        let mut conv = None;
-        for i in 0..n.max(1) {
-            let ChatRequest { mut request, conv: c, overridden: o } =
-                self.inner.chat_request(&body).map_err(value_error)?;
-            if let Some(seed) = request.sampling.seed.as_mut() {
-                *seed = seed.wrapping_add(i as u64);
-            }
-            if i == 0 {
-                overridden = o.into_iter().map(|(f, a, u)| (f.to_string(), a, u)).collect();
-                conv = Some(Arc::new(c));
-            }
-            reqs.push(request);
-        }
-        Ok((self.enqueue(reqs, conv), overridden))
+        let ChatRequests { requests, conv, overridden } = self.inner.chat_requests(&body, n).map_err(value_error)?;
+        let overridden = overridden.into_iter().map(|(f, a, u)| (f.to_string(), a, u)).collect();
+        Ok((self.enqueue(requests, Some(Arc::new(conv))), overridden))
     }
 
     /// Wait for requests to finish; their outputs (JSON text) in the order of `request_ids`.

@@ -54,21 +54,12 @@ pub struct Sampling {
     /// Outputs per prompt (output i samples with seed + i when a seed is given).
     pub n: usize,
     pub max_tokens: usize,
-    pub temperature: f32,
-    pub top_p: f32,
-    /// 0: off.
-    pub top_k: usize,
-    pub min_p: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub repetition_penalty: f32,
-    pub seed: Option<u64>,
+    /// The sampler's parameters (`top_logprobs` is vLLM's `logprobs`: alternatives per token).
+    pub params: SamplingParams,
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     /// Generate exactly `max_tokens` (end-of-sentence does not stop).
     pub ignore_eos: bool,
-    /// Alternatives reported per token (0: only the sampled token's logprob).
-    pub logprobs: usize,
     /// Constrain the output to this JSON schema (text of a JSON object).
     pub json_schema: Option<String>,
     /// Constrain the output to this regular expression.
@@ -80,18 +71,10 @@ impl Default for Sampling {
         Sampling {
             n: 1,
             max_tokens: 16,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repetition_penalty: 1.0,
-            seed: None,
+            params: SamplingParams::default(),
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
-            logprobs: 0,
             json_schema: None,
             regex: None,
         }
@@ -121,14 +104,15 @@ impl Sampling {
         if self.max_tokens == 0 {
             return Err(ParamError::new("max_tokens", "must be at least 1"));
         }
-        in_range("temperature", self.temperature, 0.0, 100.0, false)?;
-        in_range("top_p", self.top_p, 0.0, 1.0, true)?;
-        in_range("min_p", self.min_p, 0.0, 1.0, false)?;
-        in_range("presence_penalty", self.presence_penalty, -2.0, 2.0, false)?;
-        in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, false)?;
-        in_range("repetition_penalty", self.repetition_penalty, 0.0, 100.0, true)?;
-        if self.logprobs > MAX_LOGPROBS {
-            return Err(ParamError::new("logprobs", format!("{} is over {MAX_LOGPROBS}", self.logprobs)));
+        let p = &self.params;
+        in_range("temperature", p.temperature, 0.0, 100.0, false)?;
+        in_range("top_p", p.top_p, 0.0, 1.0, true)?;
+        in_range("min_p", p.min_p, 0.0, 1.0, false)?;
+        in_range("presence_penalty", p.presence_penalty, -2.0, 2.0, false)?;
+        in_range("frequency_penalty", p.frequency_penalty, -2.0, 2.0, false)?;
+        in_range("repetition_penalty", p.repetition_penalty, 0.0, 100.0, true)?;
+        if p.top_logprobs > MAX_LOGPROBS {
+            return Err(ParamError::new("logprobs", format!("{} is over {MAX_LOGPROBS}", p.top_logprobs)));
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(ParamError::new("stop", "holds an empty string"));
@@ -148,17 +132,7 @@ impl Sampling {
 
     /// The engine's sampling of output `i`.
     fn engine_params(&self, i: usize) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed.map(|s| s.wrapping_add(i as u64)),
-            top_logprobs: self.logprobs,
-        }
+        SamplingParams { seed: self.params.seed.map(|s| s.wrapping_add(i as u64)), ..self.params.clone() }
     }
 
     fn constraint(&self) -> Option<Constraint> {
@@ -178,9 +152,9 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
-/// A chat body as an engine request, with what the parse of its output needs.
-pub struct ChatRequest {
-    pub request: GenerateRequest,
+/// A chat body's `n` engine requests, with what the parse of their outputs needs.
+pub struct ChatRequests {
+    pub requests: Vec<GenerateRequest>,
     pub conv: Converted,
     /// Sampling fields the model's policy overrode (thinking mode): (field, asked, used).
     pub overridden: Vec<(&'static str, f64, f64)>,
@@ -289,8 +263,8 @@ impl Offline {
     }
 
     /// A Chat Completions body (messages, tools, response_format, thinking and the sampling
-    /// fields) as an engine request, through the recipe as `serve` maps it.
-    pub fn chat_request(&self, body: &Value) -> Result<ChatRequest, ParamError> {
+    /// fields) as `n` engine requests (output i with seed + i), through the recipe as `serve` maps it.
+    pub fn chat_requests(&self, body: &Value, n: usize) -> Result<ChatRequests, ParamError> {
         let conv = convert(Protocol::Chat, body).map_err(|e| {
             // The official conversion's messages name the field; the parameter is the first named.
             let m = e.to_string();
@@ -308,7 +282,18 @@ impl Offline {
             let field = e.split('`').nth(1).unwrap_or("messages").to_string();
             ParamError { param: field, problem: e }
         })?;
-        Ok(ChatRequest { request: m.request, conv, overridden: m.overridden })
+        let first = m.request;
+        let requests = (0..n.max(1) as u64)
+            .map(|i| {
+                let mut r = first.clone();
+                if i > 0 {
+                    r.id = self.next_id();
+                }
+                r.sampling.seed = r.sampling.seed.map(|s| s.wrapping_add(i));
+                r
+            })
+            .collect();
+        Ok(ChatRequests { requests, conv, overridden: m.overridden })
     }
 
     /// Queue a request; its events (ending with `Done`) arrive on the receiver. After
@@ -318,20 +303,7 @@ impl Offline {
             Some(h) => h.submit(r),
             None => {
                 let (tx, rx) = channel::bounded(1);
-                let _ = tx.send(Event::Done(GenerateOutput {
-                    id: r.id,
-                    prompt_tokens: r.prompt.len(),
-                    tokens: Vec::new(),
-                    logprobs: Vec::new(),
-                    top_logprobs: Vec::new(),
-                    text: None,
-                    finish: deepinfer_engine::FinishReason::Error,
-                    error: Some("the engine was closed".into()),
-                    ttft_s: 0.0,
-                    cached_tokens: 0,
-                    replayed_tokens: 0,
-                    seed: 0,
-                }));
+                let _ = tx.send(Event::Done(GenerateOutput::failed(&r, "the engine was closed")));
                 rx
             }
         }
@@ -425,13 +397,13 @@ mod tests {
         };
         assert_eq!(bad(|s| s.n = 0), "n");
         assert_eq!(bad(|s| s.max_tokens = 0), "max_tokens");
-        assert_eq!(bad(|s| s.temperature = -0.1), "temperature");
-        assert_eq!(bad(|s| s.temperature = f32::NAN), "temperature");
-        assert_eq!(bad(|s| s.top_p = 0.0), "top_p");
-        assert_eq!(bad(|s| s.min_p = 1.5), "min_p");
-        assert_eq!(bad(|s| s.presence_penalty = 3.0), "presence_penalty");
-        assert_eq!(bad(|s| s.repetition_penalty = 0.0), "repetition_penalty");
-        assert_eq!(bad(|s| s.logprobs = 21), "logprobs");
+        assert_eq!(bad(|s| s.params.temperature = -0.1), "temperature");
+        assert_eq!(bad(|s| s.params.temperature = f32::NAN), "temperature");
+        assert_eq!(bad(|s| s.params.top_p = 0.0), "top_p");
+        assert_eq!(bad(|s| s.params.min_p = 1.5), "min_p");
+        assert_eq!(bad(|s| s.params.presence_penalty = 3.0), "presence_penalty");
+        assert_eq!(bad(|s| s.params.repetition_penalty = 0.0), "repetition_penalty");
+        assert_eq!(bad(|s| s.params.top_logprobs = 21), "logprobs");
         assert_eq!(bad(|s| s.stop = vec![String::new()]), "stop");
         assert_eq!(bad(|s| s.json_schema = Some("[1]".into())), "json_schema");
         assert_eq!(bad(|s| s.json_schema = Some("{".into())), "json_schema");
@@ -447,7 +419,8 @@ mod tests {
 
     #[test]
     fn output_i_samples_with_seed_plus_i() {
-        let s = Sampling { seed: Some(u64::MAX), logprobs: 3, ..Default::default() };
+        let params = SamplingParams { seed: Some(u64::MAX), top_logprobs: 3, ..Default::default() };
+        let s = Sampling { params, ..Default::default() };
         assert_eq!(s.engine_params(0).seed, Some(u64::MAX));
         assert_eq!(s.engine_params(1).seed, Some(0));
         assert_eq!(s.engine_params(2).top_logprobs, 3);
@@ -460,8 +433,9 @@ mod tests {
         fn values_in_range_validate(n in 1usize..=MAX_N, t in 0.0f32..=100.0, p in 0.001f32..=1.0, mp in 0.0f32..=1.0,
                                     pen in -2.0f32..=2.0, rep in 0.01f32..=100.0, lp in 0usize..=MAX_LOGPROBS,
                                     regex in proptest::option::of("[a-z]{1,8}")) {
-            let s = Sampling { n, temperature: t, top_p: p, min_p: mp, presence_penalty: pen, frequency_penalty: -pen,
-                               repetition_penalty: rep, logprobs: lp, regex: regex.clone(), ..Default::default() };
+            let params = SamplingParams { temperature: t, top_p: p, min_p: mp, presence_penalty: pen, frequency_penalty: -pen,
+                                          repetition_penalty: rep, top_logprobs: lp, ..Default::default() };
+            let s = Sampling { n, params, regex: regex.clone(), ..Default::default() };
             prop_assert!(s.validate().is_ok());
             prop_assert_eq!(s.constraint().map(|c| c.schema), regex);
         }

@@ -112,6 +112,13 @@ pub struct GenerateOutput {
     pub seed: u64,
 }
 
+impl GenerateOutput {
+    /// The output of a request that failed before it produced anything (finish `error`).
+    pub fn failed(r: &GenerateRequest, error: impl Into<String>) -> GenerateOutput {
+        exec::failed_output(r, error.into())
+    }
+}
+
 /// A request's stream: `Admitted` once, when the request starts running (its prefix-cache hit is
 /// known then), `Token`s, and `Done` last. A request that fails before it runs gets only `Done`.
 #[derive(Debug, Clone)]

@@ -332,25 +332,23 @@ class LLM:
         """Yield the output of one prompt as it grows (cumulative text and tokens, as vLLM's
         streaming outputs); the last has finished=True and the finish reason. Closing the
         iterator early cancels the request."""
+        state = self._open_stream(prompt, sampling_params)
+        try:
+            while not state.done:
+                out = state.event(self._engine.next_event(state.rid, 0.1))
+                if out is not None:
+                    yield out
+        finally:
+            if not state.done:
+                self._engine.cancel([state.rid])
+
+    def _open_stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams]) -> "_StreamState":
         sp = self._params(sampling_params)
         _check(sp.n == 1, ValueError, "n", "stream generates one output (n=1)")
         plist, single = self._prompts(prompt)
         _check(single, TypeError, "prompt", "stream takes one prompt")
         [rid] = self._engine.submit(plist[0], sp._fields())
-        state = _StreamState(plist[0] if isinstance(plist[0], str) else None, sp.logprobs is not None, rid)
-        try:
-            while True:
-                ev = self._engine.next_event(rid, 0.1)
-                if ev is None:
-                    continue
-                out = state.event(json.loads(ev))
-                if out is not None:
-                    yield out
-                    if out.finished:
-                        return
-        finally:
-            if not state.done:
-                self._engine.cancel([rid])
+        return _StreamState(plist[0] if isinstance(plist[0], str) else None, sp.logprobs is not None, rid)
 
     # -- chat ------------------------------------------------------------------------------
 
@@ -476,25 +474,15 @@ class LLM:
 
     async def stream_async(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None) -> AsyncIterator[RequestOutput]:
         """`stream` for asyncio."""
-        sp = self._params(sampling_params)
-        _check(sp.n == 1, ValueError, "n", "stream generates one output (n=1)")
-        plist, single = self._prompts(prompt)
-        _check(single, TypeError, "prompt", "stream takes one prompt")
-        [rid] = self._engine.submit(plist[0], sp._fields())
-        state = _StreamState(plist[0] if isinstance(plist[0], str) else None, sp.logprobs is not None, rid)
+        state = self._open_stream(prompt, sampling_params)
         try:
-            while True:
-                ev = await asyncio.to_thread(self._engine.next_event, rid, 0.1)
-                if ev is None:
-                    continue
-                out = state.event(json.loads(ev))
+            while not state.done:
+                out = state.event(await asyncio.to_thread(self._engine.next_event, state.rid, 0.1))
                 if out is not None:
                     yield out
-                    if out.finished:
-                        return
         finally:
             if not state.done:
-                self._engine.cancel([rid])
+                self._engine.cancel([state.rid])
 
     # -- the rest --------------------------------------------------------------------------
 
@@ -531,7 +519,11 @@ class _StreamState:
     cached: int = 0
     done: bool = False
 
-    def event(self, ev: Dict[str, Any]) -> Optional[RequestOutput]:
+    def event(self, raw: Optional[str]) -> Optional[RequestOutput]:
+        """The output after one event (JSON text from next_event; None: nothing came), if any."""
+        if raw is None:
+            return None
+        ev = json.loads(raw)
         kind = ev["kind"]
         if kind == "admitted":
             self.cached = ev["cached_tokens"]
